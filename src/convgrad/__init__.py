@@ -1,0 +1,27 @@
+"""convgrad: convolution gradients with the exact semantics of oneDNN Graph, OpenVINO and
+TensorFlow, on NumPy, on any CPU.
+
+Canonical layer (channels-first data, grouped weights, explicit pads)::
+
+    convgrad.conv_forward(src, weights, strides=1, pads_begin=0, pads_end=0, dilations=1, groups=1)
+    convgrad.conv_backward_weights(src, diff_dst, kernel, ...)
+    convgrad.conv_backward_data(diff_dst, weights, src_spatial, ...)
+
+Front-ends with each framework's own names: ``convgrad.onednn``, ``convgrad.openvino``,
+``convgrad.tensorflow.raw_ops``.
+"""
+
+from .dispatch import (ALGORITHMS, DEFAULT_WORKSPACE_LIMIT, choose_algorithm, get_workspace_limit,
+                       set_workspace_limit, workspace_limit)
+from .errors import ConvError, ConvTypeError, ConvValueError, WorkspaceError
+from .ops import conv_backward_data, conv_backward_weights, conv_forward
+from .spec import ConvSpec, forward_size, make_spec, transposed_size
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ALGORITHMS", "DEFAULT_WORKSPACE_LIMIT", "ConvError", "ConvSpec", "ConvTypeError", "ConvValueError",
+    "WorkspaceError", "choose_algorithm", "conv_backward_data", "conv_backward_weights", "conv_forward",
+    "forward_size", "get_workspace_limit", "make_spec", "set_workspace_limit", "transposed_size",
+    "workspace_limit", "__version__",
+]
