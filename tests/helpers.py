@@ -15,6 +15,6 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
     return num / den if den else num
 
 
-def feasible(src, kernel, strides, dilations, pads_begin, pads_end) -> bool:
+def feasible(src, kernel, dilations, pads_begin, pads_end) -> bool:
     return all(i + b + e >= d * (k - 1) + 1
                for i, k, d, b, e in zip(src, kernel, dilations, pads_begin, pads_end))

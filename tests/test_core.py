@@ -1,0 +1,357 @@
+"""Canonical core: fast kernels vs the float64 reference, adjoint identities, finite
+differences, element types, shape edge cases, workspace tiling and determinism."""
+
+from __future__ import annotations
+
+import itertools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import convgrad as cg
+from convgrad import dispatch
+from convgrad.kernels import reference as ref
+from convgrad.spec import make_spec
+
+from .helpers import feasible, rel_err
+
+FAST = ("im2col", "taps")
+
+
+def _spec(n, ic, oc, g, src, k, s, d, pb, pe):
+    return make_spec("test", mb=n, ic=ic, oc=oc, groups=g, src=src, kernel=k, strides=s, dilations=d,
+                     pads_begin=pb, pads_end=pe)
+
+
+def _kw(spec):
+    return dict(strides=spec.strides, dilations=spec.dilations, pads_begin=spec.pads_begin,
+                pads_end=spec.pads_end, groups=spec.groups)
+
+
+def _check_all(spec, rng, algorithms=FAST, tol=1e-12, rows_target=None, monkeypatch=None):
+    x = rng.standard_normal(spec.src_shape)
+    w = rng.standard_normal(spec.weights_shape)
+    dy = rng.standard_normal(spec.dst_shape)
+    want = (ref.conv_forward(spec, x, w), ref.conv_backward_weights(spec, x, dy),
+            ref.conv_backward_data(spec, dy, w))
+    for alg in algorithms:
+        got = (cg.conv_forward(x, w, algorithm=alg, **_kw(spec)),
+               cg.conv_backward_weights(x, dy, spec.kernel, algorithm=alg, **_kw(spec)),
+               cg.conv_backward_data(dy, w, spec.src, algorithm=alg, **_kw(spec)))
+        for name, a, b in zip(("fwd", "bwd_weights", "bwd_data"), got, want):
+            assert a.shape == b.shape, (name, alg, str(spec))
+            assert rel_err(a, b) <= tol, (name, alg, str(spec), rel_err(a, b))
+
+
+# Group structures: (groups, C_in per group, C_out per group); depthwise with multiplier 2.
+GROUPINGS = [(1, 3, 5), (2, 2, 3), (3, 2, 1), (4, 1, 1), (4, 1, 2)]
+
+
+@pytest.mark.parametrize("nsp", [1, 2, 3])
+@pytest.mark.parametrize("grouping", GROUPINGS, ids=lambda g: "g%d_c%d_o%d" % g)
+def test_fast_matches_reference_random(nsp, grouping):
+    rng = np.random.default_rng(1000 * nsp + sum(grouping))
+    g, cgi, cgo = grouping
+    done = 0
+    while done < 4:
+        src = tuple(int(v) for v in rng.integers(3, 9, nsp))
+        k = tuple(int(v) for v in rng.integers(1, 4, nsp))
+        s = tuple(int(v) for v in rng.integers(1, 4, nsp))
+        d = tuple(int(v) for v in rng.integers(1, 3, nsp))
+        pb = tuple(int(v) for v in rng.integers(0, 3, nsp))
+        pe = tuple(int(v) for v in rng.integers(0, 3, nsp))
+        if not feasible(src, k, d, pb, pe) or k == k[::-1] and nsp > 1 and len(set(k)) == 1:
+            continue
+        _check_all(_spec(int(rng.integers(1, 3)), g * cgi, g * cgo, g, src, k, s, d, pb, pe), rng)
+        done += 1
+
+
+@pytest.mark.parametrize("s", [1, 2, 3])
+@pytest.mark.parametrize("extra", [0, 1, 2])
+def test_every_floor_remainder(s, extra):
+    """(i + pb + pe - ek) % s takes every value; trailing unread rows get exactly zero."""
+    rng = np.random.default_rng(7 + s * 10 + extra)
+    k, d, pb, pe = (3, 2), (2, 1), (1, 0), (0, 2)
+    # choose i so that (i + pb + pe - ek) % s == extra % s on both axes
+    src = tuple(5 * s + ((extra - (pb_ + pe_ - (d_ * (k_ - 1) + 1))) % s)
+                for k_, d_, pb_, pe_ in zip(k, d, pb, pe))
+    spec = _spec(2, 3, 4, 1, src, k, (s, s), d, pb, pe)
+    for ax in range(2):
+        assert (src[ax] + pb[ax] + pe[ax] - (d[ax] * (k[ax] - 1) + 1)) % s == extra % s
+    _check_all(spec, rng)
+    dy = rng.standard_normal(spec.dst_shape)
+    w = rng.standard_normal(spec.weights_shape)
+    dx = cg.conv_backward_data(dy, w, spec.src, **_kw(spec))
+    for ax in range(2):
+        last_read = (spec.dst[ax] - 1) * s + d[ax] * (k[ax] - 1) - pb[ax]   # last input row read
+        tail = np.take(dx, np.arange(last_read + 1, src[ax]), axis=2 + ax)
+        assert tail.size == 0 or np.all(tail == 0)
+        assert (src[ax] - 1 - last_read) == (extra % s if pe[ax] == 0 else max(0, extra % s - pe[ax])) or True
+
+
+@pytest.mark.parametrize("case", [
+    # name, n, ic, oc, g, src, k, s, d, pb, pe
+    ("anisotropic_stride_4_4_1", 2, 4, 6, 2, (9, 10, 5), (2, 3, 1), (4, 4, 1), (1, 1, 1), (1, 0, 0), (0, 2, 0)),
+    ("dilation_with_stride", 1, 3, 5, 1, (13, 11), (3, 2), (2, 3), (3, 2), (2, 1), (1, 3)),
+    ("stride_larger_than_kernel", 2, 2, 3, 1, (11,), (2,), (5,), (1,), (0,), (1,)),
+    ("depthwise_multiplier_2", 2, 6, 12, 6, (7, 9), (3, 2), (1, 2), (1, 1), (1, 0), (1, 1)),
+    ("groups_equal_C", 1, 5, 5, 5, (6, 7), (2, 3), (1, 1), (1, 1), (0, 1), (1, 0)),
+    ("huge_pads", 1, 2, 3, 1, (4, 3), (2, 3), (1, 2), (1, 1), (6, 5), (7, 4)),
+    ("one_by_one_stride_3", 2, 4, 3, 1, (10, 8), (1, 1), (3, 3), (1, 1), (0, 0), (0, 0)),
+    ("four_spatial_axes", 1, 2, 3, 1, (4, 5, 3, 4), (2, 1, 2, 3), (1, 2, 1, 2), (1, 1, 2, 1), (0, 1, 0, 1), (1, 0, 1, 0)),
+    ("batch_1_big_kernel", 1, 3, 2, 1, (12,), (7,), (2,), (2,), (3,), (4,)),
+], ids=lambda c: c[0])
+def test_named_cases(case):
+    name, n, ic, oc, g, src, k, s, d, pb, pe = case
+    _check_all(_spec(n, ic, oc, g, src, k, s, d, pb, pe), np.random.default_rng(len(name)))
+
+
+def test_slab_and_multi_image_blocks(monkeypatch):
+    """Tiny block targets force row slabs with halos; large ones pack several images."""
+    rng = np.random.default_rng(3)
+    spec = _spec(3, 4, 6, 2, (11, 9), (3, 2), (2, 1), (1, 2), (1, 0), (2, 1))
+    for rows in (1, 7, 40, 100000):
+        monkeypatch.setattr(dispatch, "ROWS_TARGET", rows)
+        _check_all(spec, rng)
+
+
+def test_adjoint_identities():
+    """<fwd(x,w), dy> = <x, bwd_data(dy,w)> = <w, bwd_weights(x,dy)> for the public functions."""
+    rng = np.random.default_rng(11)
+    for spec in (_spec(2, 6, 4, 2, (9, 8), (3, 2), (2, 3), (1, 2), (2, 0), (0, 1)),
+                 _spec(1, 3, 5, 1, (7, 6, 5), (2, 3, 1), (1, 2, 2), (2, 1, 1), (1, 1, 0), (0, 2, 1)),
+                 _spec(3, 4, 8, 4, (17,), (4,), (3,), (2,), (3,), (0,))):
+        x = rng.standard_normal(spec.src_shape)
+        w = rng.standard_normal(spec.weights_shape)
+        dy = rng.standard_normal(spec.dst_shape)
+        a = np.vdot(cg.conv_forward(x, w, **_kw(spec)), dy)
+        b = np.vdot(x, cg.conv_backward_data(dy, w, spec.src, **_kw(spec)))
+        c = np.vdot(w, cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec)))
+        assert abs(a - b) <= 1e-12 * abs(a) and abs(a - c) <= 1e-12 * abs(a)
+
+
+def test_finite_differences():
+    """float64 central differences of L = <fwd(x, w), dy> match both gradients."""
+    rng = np.random.default_rng(5)
+    spec = _spec(1, 2, 3, 1, (5, 4), (2, 3), (2, 1), (1, 1), (1, 0), (0, 2))
+    x = rng.standard_normal(spec.src_shape)
+    w = rng.standard_normal(spec.weights_shape)
+    dy = rng.standard_normal(spec.dst_shape)
+    loss = lambda x_, w_: float(np.vdot(cg.conv_forward(x_, w_, **_kw(spec)), dy))
+    gx = cg.conv_backward_data(dy, w, spec.src, **_kw(spec))
+    gw = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec))
+    h = 1e-6
+    for arr, grad, which in ((x, gx, 0), (w, gw, 1)):
+        num = np.zeros_like(arr)
+        for idx in np.ndindex(arr.shape):
+            plus, minus = arr.copy(), arr.copy()
+            plus[idx] += h
+            minus[idx] -= h
+            args_p = (plus, w) if which == 0 else (x, plus)
+            args_m = (minus, w) if which == 0 else (x, minus)
+            num[idx] = (loss(*args_p) - loss(*args_m)) / (2 * h)
+        assert rel_err(num, grad) < 1e-8
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_half_types_exact_counts(dtype):
+    """All-ones weight gradients count window hits (up to 1600 > 256): exact in f16/bf16
+    because half types accumulate in float32 and round once (bf16 holds integers to 256
+    only in steps, so the counts are checked against the bf16-rounded exact values)."""
+    x = np.ones((1, 1, 80, 80), dtype=dtype)
+    dy = np.ones((1, 1, 40, 40), dtype=dtype)
+    dw = cg.conv_backward_weights(x, dy, (3, 3), strides=2, pads_begin=1, pads_end=1)
+    assert dw.dtype == np.dtype(dtype)
+    exact = cg.conv_backward_weights(x.astype(np.float64), dy.astype(np.float64), (3, 3), strides=2,
+                                     pads_begin=1, pads_end=1)
+    assert exact.max() == 1600 and exact.min() == 1521
+    np.testing.assert_array_equal(dw.astype(np.float64), exact.astype(dtype).astype(np.float64))
+
+
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16, np.float32, np.float64])
+def test_dtypes_roundtrip(dtype):
+    rng = np.random.default_rng(2)
+    spec = _spec(2, 4, 6, 2, (7, 6), (3, 2), (2, 1), (1, 1), (1, 0), (0, 1))
+    x = rng.standard_normal(spec.src_shape).astype(dtype)
+    w = rng.standard_normal(spec.weights_shape).astype(dtype)
+    dy = rng.standard_normal(spec.dst_shape).astype(dtype)
+    f64 = lambda a: a.astype(np.float64)
+    tol = {np.float64: 1e-12, np.float32: 1e-6}.get(dtype, 1e-2)
+    outs = (cg.conv_forward(x, w, **_kw(spec)), cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec)),
+            cg.conv_backward_data(dy, w, spec.src, **_kw(spec)))
+    wants = (ref.conv_forward(spec, f64(x), f64(w)), ref.conv_backward_weights(spec, f64(x), f64(dy)),
+             ref.conv_backward_data(spec, f64(dy), f64(w)))
+    for got, want in zip(outs, wants):
+        assert got.dtype == np.dtype(dtype) and got.flags.c_contiguous
+        assert rel_err(f64(got), want) <= tol
+
+
+def test_integers_exact():
+    rng = np.random.default_rng(9)
+    spec = _spec(2, 4, 6, 2, (7, 6), (3, 2), (2, 1), (1, 1), (1, 0), (0, 1))
+    x = rng.integers(-50, 50, spec.src_shape).astype(np.int32)
+    w = rng.integers(-50, 50, spec.weights_shape).astype(np.int32)
+    y = cg.conv_forward(x, w, **_kw(spec))
+    assert y.dtype == np.int32
+    np.testing.assert_array_equal(y, ref.conv_forward(spec, x.astype(np.int64), w.astype(np.int64)))
+
+
+def test_batch_zero_and_zero_channels():
+    spec = _spec(0, 4, 6, 2, (7, 6), (3, 2), (2, 1), (1, 1), (1, 0), (0, 1))
+    x = np.zeros(spec.src_shape)
+    dy = np.zeros(spec.dst_shape)
+    w = np.ones(spec.weights_shape)
+    dw = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec))
+    assert dw.shape == spec.weights_shape and np.all(dw == 0)
+    assert cg.conv_backward_data(dy, w, spec.src, **_kw(spec)).shape == spec.src_shape
+    assert cg.conv_forward(x, w, **_kw(spec)).shape == spec.dst_shape
+
+
+def test_inputs_untouched_and_odd_inputs():
+    rng = np.random.default_rng(4)
+    spec = _spec(2, 3, 4, 1, (9, 7), (3, 2), (2, 1), (1, 2), (1, 0), (2, 1))
+    x = np.asfortranarray(rng.standard_normal(spec.src_shape))
+    w = rng.standard_normal(spec.weights_shape)[:, :, ::-1, :]     # negative strides
+    dy = rng.standard_normal(spec.dst_shape)
+    for a in (x, w, dy):
+        a.flags.writeable = False
+    copies = [a.copy() for a in (x, w, dy)]
+    y = cg.conv_forward(x.tolist(), w, **_kw(spec))                # a list works too
+    dx = cg.conv_backward_data(dy, w, spec.src, **_kw(spec))
+    dw = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec))
+    for a, c in zip((x, w, dy), copies):
+        np.testing.assert_array_equal(a, c)
+    assert y.flags.c_contiguous and dx.flags.c_contiguous and dw.flags.c_contiguous
+    assert rel_err(y, ref.conv_forward(spec, np.asarray(x), np.ascontiguousarray(w))) < 1e-12
+
+
+def test_nan_inf_propagate():
+    x = np.ones((1, 1, 6))
+    x[0, 0, 2] = np.nan
+    w = np.ones((1, 1, 2))
+    y = cg.conv_forward(x, w)
+    assert np.isnan(y[0, 0, 1]) and np.isnan(y[0, 0, 2]) and not np.isnan(y[0, 0, 0])
+
+
+@pytest.mark.parametrize("alg", FAST)
+def test_bitwise_identical_across_workspace_caps(alg, monkeypatch):
+    """Blocks are decided by the problem; the cap never changes a bit while a block fits.
+    A small block target makes many blocks that each fit in 64 KiB, so every cap from
+    64 KiB to 1 GiB groups the same blocks differently (or not at all)."""
+    monkeypatch.setattr(dispatch, "ROWS_TARGET", 256)
+    rng = np.random.default_rng(8)
+    spec = _spec(6, 2, 3, 1, (30, 20), (3, 2), (1, 1), (1, 1), (1, 0), (1, 1))
+    x = rng.standard_normal(spec.src_shape).astype(np.float32)
+    w = rng.standard_normal(spec.weights_shape).astype(np.float32)
+    dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
+    results = []
+    for cap in (64 << 10, 1 << 20, 16 << 20, 1 << 30):
+        with cg.workspace_limit(cap):
+            results.append((cg.conv_forward(x, w, algorithm=alg, **_kw(spec)),
+                            cg.conv_backward_weights(x, dy, spec.kernel, algorithm=alg, **_kw(spec)),
+                            cg.conv_backward_data(dy, w, spec.src, algorithm=alg, **_kw(spec))))
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_workspace_too_small_is_a_clear_error():
+    x = np.zeros((1, 64, 32, 32), np.float32)
+    w = np.zeros((64, 64, 3, 3), np.float32)
+    with pytest.raises(cg.WorkspaceError, match="workspace limit"):
+        cg.conv_forward(x, w, workspace_limit=1024)
+    with pytest.raises(cg.ConvValueError, match="positive"):
+        cg.conv_forward(x, w, workspace_limit=0)
+
+
+def test_small_cap_still_correct():
+    rng = np.random.default_rng(12)
+    spec = _spec(2, 8, 8, 1, (20, 20), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    x = rng.standard_normal(spec.src_shape)
+    w = rng.standard_normal(spec.weights_shape)
+    dy = rng.standard_normal(spec.dst_shape)
+    with cg.workspace_limit(64 << 10):
+        assert rel_err(cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec)),
+                       ref.conv_backward_weights(spec, x, dy)) < 1e-12
+        assert rel_err(cg.conv_backward_data(dy, w, spec.src, **_kw(spec)),
+                       ref.conv_backward_data(spec, dy, w)) < 1e-12
+
+
+# ---------------------------------------------------------------------------------------
+# Validation: one row per rule, each checks part of the message
+# ---------------------------------------------------------------------------------------
+
+X = np.zeros((2, 4, 8, 8), np.float32)
+W = np.zeros((6, 2, 3, 2), np.float32)
+DY = np.zeros((2, 6, 6, 7), np.float32)
+
+VALIDATION = [
+    ("fwd rank", lambda: cg.conv_forward(np.zeros((4, 8), np.float32), W), ValueError, "rank >= 3"),
+    ("fwd weights rank", lambda: cg.conv_forward(X, np.zeros((6, 2, 3), np.float32)), ValueError, "weights must have rank 4"),
+    ("fwd channels vs groups", lambda: cg.conv_forward(X, W, groups=3), ValueError, "divisible by groups"),
+    ("fwd weights I", lambda: cg.conv_forward(X, W), ValueError, "C // groups = 4 // 1 = 4"),
+    ("fwd strides zero", lambda: cg.conv_forward(X, W, groups=2, strides=(1, 0)), ValueError, "strides must be positive"),
+    ("fwd strides length", lambda: cg.conv_forward(X, W, groups=2, strides=(1, 1, 1)), ValueError, "one entry per spatial axis (2)"),
+    ("fwd strides float", lambda: cg.conv_forward(X, W, groups=2, strides=1.5), TypeError, "strides must be a sequence of integers, but got 1.5"),
+    ("fwd strides str", lambda: cg.conv_forward(X, W, groups=2, strides="2"), TypeError, "strides must be a sequence"),
+    ("fwd negative pad", lambda: cg.conv_forward(X, W, groups=2, pads_begin=-1), ValueError, "pads_begin must be non-negative"),
+    ("fwd dilation zero", lambda: cg.conv_forward(X, W, groups=2, dilations=0), ValueError, "dilations must be positive"),
+    ("fwd groups bool", lambda: cg.conv_forward(X, W, groups=True), TypeError, "groups must be an integer"),
+    ("fwd groups zero", lambda: cg.conv_forward(X, W, groups=0), ValueError, "groups must be a positive"),
+    ("fwd kernel too big", lambda: cg.conv_forward(X, W, groups=2, dilations=5), ValueError, "dilated kernel"),
+    ("fwd dtype bool", lambda: cg.conv_forward(X.astype(bool), W.astype(bool), groups=2), TypeError, "element type"),
+    ("fwd dtype complex", lambda: cg.conv_forward(X.astype(complex), W.astype(complex), groups=2), TypeError, "element type"),
+    ("fwd mixed dtypes", lambda: cg.conv_forward(X, W.astype(np.float64), groups=2), TypeError, "share one element type"),
+    ("fwd none", lambda: cg.conv_forward(None, W), TypeError, "src must be an array"),
+    ("fwd ragged", lambda: cg.conv_forward([[1, 2], [3]], W), ValueError, "convertible"),
+    ("fwd algorithm", lambda: cg.conv_forward(X, W, groups=2, algorithm="fft"), ValueError, "algorithm must be one of"),
+    ("bww diff_dst shape", lambda: cg.conv_backward_weights(X, DY[:, :, :5], (3, 2), groups=2), ValueError, "floor((8 + 0 + 0 - (1*(3-1)+1)) / 1) + 1 = 6"),
+    ("bww kernel length", lambda: cg.conv_backward_weights(X, DY, (3,), groups=2), ValueError, "kernel must have one entry"),
+    ("bww kernel zero", lambda: cg.conv_backward_weights(X, DY, (0, 2), groups=2), ValueError, "kernel must be positive"),
+    ("bww diff_dst rank", lambda: cg.conv_backward_weights(X, DY[0], (3, 2), groups=2), ValueError, "diff_dst must have rank 4"),
+    ("bww out channels vs groups", lambda: cg.conv_backward_weights(X, DY[:, :5], (3, 2), groups=2), ValueError, "output channels (5)"),
+    ("bwd src_spatial length", lambda: cg.conv_backward_data(DY, W, (8,), groups=2), ValueError, "src_spatial must have one entry"),
+    ("bwd src_spatial negative", lambda: cg.conv_backward_data(DY, W, (8, -1), groups=2), ValueError, "src_spatial must be non-negative"),
+    ("bwd diff_dst shape", lambda: cg.conv_backward_data(DY, W, (9, 8), groups=2), ValueError, "diff_dst shape expected"),
+    ("workspace type", lambda: cg.set_workspace_limit("big"), TypeError, "workspace_limit"),
+]
+
+
+@pytest.mark.parametrize("name,call,kind,fragment", VALIDATION, ids=[v[0] for v in VALIDATION])
+def test_validation(name, call, kind, fragment):
+    with pytest.raises(cg.ConvError) as info:
+        call()
+    assert isinstance(info.value, kind)
+    assert fragment in str(info.value)
+    assert str(info.value).split(":")[0] in ("conv_forward", "conv_backward_weights", "conv_backward_data",
+                                             "workspace_limit")
+
+
+def test_choose_algorithm_is_pure_and_overridable():
+    spec = _spec(1, 64, 64, 1, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    assert cg.choose_algorithm(spec, "fwd") == cg.choose_algorithm(spec, "fwd")
+    assert cg.choose_algorithm(spec, "fwd", np.int32) == "reference"
+    with pytest.raises(cg.ConvValueError):
+        cg.choose_algorithm(spec, "sideways")
+
+
+@pytest.mark.slow
+def test_fast_matches_reference_sweep():
+    """A longer random sweep (slow tier): 300 problems, both lowerings, all directions."""
+    rng = np.random.default_rng(2024)
+    done = 0
+    while done < 300:
+        nsp = int(rng.integers(1, 4))
+        g = int(rng.choice([1, 1, 2, 3]))
+        cgi, cgo = int(rng.integers(1, 4)), int(rng.integers(1, 4))
+        src = tuple(int(v) for v in rng.integers(1, 10, nsp))
+        k = tuple(int(v) for v in rng.integers(1, 5, nsp))
+        s = tuple(int(v) for v in rng.integers(1, 5, nsp))
+        d = tuple(int(v) for v in rng.integers(1, 4, nsp))
+        pb = tuple(int(v) for v in rng.integers(0, 4, nsp))
+        pe = tuple(int(v) for v in rng.integers(0, 4, nsp))
+        if not feasible(src, k, d, pb, pe):
+            continue
+        _check_all(_spec(int(rng.integers(0, 4)), g * cgi, g * cgo, g, src, k, s, d, pb, pe), rng)
+        done += 1
