@@ -1,0 +1,1 @@
+"""Real frameworks run as test oracles (see each module's docstring for what was measured)."""
