@@ -533,6 +533,18 @@ def test_attribute_forms():
     assert "GroupConvolutionBackpropData" in repr(upper)
 
 
+def test_forward_attribute_forms_vs_runtime():
+    """Forward ops: [] means the defaults and pads are ignored (even negative) under same_*/valid."""
+    rng = np.random.default_rng(16)
+    data = rng.standard_normal((2, 6, 5, 7)).astype(np.float32)
+    filters = rng.standard_normal((4, 6, 2, 3)).astype(np.float32)
+    compare("Convolution", data, filters, dict(strides=[], pads_begin=[], pads_end=[], dilations=[]))
+    for mode in ("same_upper", "same_lower", "valid"):
+        compare("Convolution", data, filters, attrs_of((2, 3), (-3, 5), (4, -1), (2, 1), mode))
+        compare("GroupConvolution", data, filters.reshape(2, 2, 6, 2, 3)[:, :, :3].copy(),
+                attrs_of((3, 2), (-1, 0), (0, -2), (1, 2), mode.upper()))
+
+
 def test_inputs_untouched_outputs_fresh():
     rng = np.random.default_rng(15)
     data, filters = bwd_case(rng, nsp=2, groups=2, c_in=2, c_out=3, i=(4, 5), k=(3, 2), dtype=np.float64)
