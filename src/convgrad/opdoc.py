@@ -65,4 +65,8 @@ def render_markdown() -> str:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    print(render_markdown())
+    # Run as a script this module is __main__, not convgrad.opdoc, whose REGISTRY the
+    # front-ends fill: render from the imported module.
+    from convgrad.opdoc import render_markdown as _render
+
+    print(_render())
