@@ -16,12 +16,13 @@ from .dispatch import (ALGORITHMS, DEFAULT_WORKSPACE_LIMIT, choose_algorithm, ge
 from .errors import ConvError, ConvTypeError, ConvValueError, WorkspaceError
 from .ops import conv_backward_data, conv_backward_weights, conv_forward
 from .spec import ConvSpec, forward_size, make_spec, transposed_size
+from .threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
 
 __all__ = [
     "ALGORITHMS", "DEFAULT_WORKSPACE_LIMIT", "ConvError", "ConvSpec", "ConvTypeError", "ConvValueError",
     "WorkspaceError", "choose_algorithm", "conv_backward_data", "conv_backward_weights", "conv_forward",
-    "forward_size", "get_workspace_limit", "make_spec", "set_workspace_limit", "transposed_size",
+    "forward_size", "get_num_threads", "get_workspace_limit", "set_num_threads", "make_spec", "set_workspace_limit", "transposed_size",
     "workspace_limit", "__version__",
 ]
