@@ -1,37 +1,47 @@
-"""Fast kernels: stride-phase GEMM lowering (kernel layer: arrays and a ConvSpec only).
+"""Fast kernels: two GEMM lowerings on channel-major tiles (kernel layer: arrays and a ConvSpec only).
 
-Derivation (one spatial axis; every axis works the same way and the axes multiply).
+Layout. Everything inside runs *channel-major*: a tile is ``(channels, rows)`` with the
+images of a block and their spatial positions flattened into ``rows`` (row-major). The
+canonical arrays are ``(N, C, *spatial)``, so moving between the two swaps the two
+leading axes and keeps every spatial row contiguous: no element-wise transpose. Groups
+are the leading (batch) axis of every product, ``(G, Cg, rows)``.
+
+``taps``: stride-phase lowering, no column matrix (one spatial axis; axes multiply).
 Forward reads the padded input at ``x = y*s + k*d`` for output ``y`` and tap ``k``. Write
 ``k*d = sh*s + r`` with ``0 <= r < s``: then ``x = (y + sh)*s + r``. So the padded input
 split into its ``s`` *phases* ``P_r[q] = src_pad[q*s + r]`` turns every tap into a
-stride-1 shift: ``src_pad[y*s + k*d] = P_r(k)[y + sh(k)]``. No zero insertion, no im2col
-of the strided input, for any stride and dilation.
-
-Each phase is stored channels-last and its spatial grid is ``Q = dst + max_sh`` long per
-axis (``max_sh = (k-1)*d // s``), so ``y + sh < Q`` for every valid ``y``. Flattening the
-grid (batch, q_0, q_1, ...) row-major, a shift vector becomes one flat *row offset*
+stride-1 shift: ``src_pad[y*s + k*d] = P_r(k)[y + sh(k)]``. No zero insertion, for any
+stride and dilation. Each phase grid is ``Q = dst + max_sh`` long per axis
+(``max_sh = (k-1)*d // s``), so ``y + sh < Q`` for every valid ``y``. Flattening
+(image, q_0, q_1, ...) row-major, a shift vector becomes one flat *row offset*
 ``off(k) = sum_j sh_j * stride_j``: tap ``k`` of output row ``p`` is row ``p + off(k)`` of
-phase ``r(k)``. Rows ``p`` whose grid coordinates have ``q_j >= dst_j`` are "wide" garbage
-rows; they are computed and discarded (fwd), or multiply zeros (bwd_weights, bwd_data),
-which is what makes one contiguous slice per tap correct across row and image borders.
+phase ``r(k)``. Rows ``p`` with some ``q_j >= dst_j`` are "wide" garbage rows; they are
+computed and discarded (fwd) or multiply zeros (bwd_weights, bwd_data), which is what
+makes one contiguous slice per tap correct across row and image borders:
 
-    fwd          Y[p]     = sum_k P_r(k)[p + off(k)] @ W_k                 (Y: rows x O)
-    bwd_weights  dW_k     = sum_p P_r(k)[p + off(k)]^T @ dY[p]             (K = rows)
-    bwd_data     dP_r[p]  = sum_{k: r(k)=r} dY[p - off(k)] @ W_k^T         (per phase)
+    fwd          Y[:, p]    = sum_k W_k @ P_r(k)[:, p + off(k)]             (Y: O x rows)
+    bwd_weights  dW_k       = sum_p dY[:, p] @ P_r(k)[:, p + off(k)]^T      (K = rows)
+    bwd_data     dP_r[:, p] = sum_{k: r(k)=r} W_k^T @ dY[:, p - off(k)]     (per phase)
 
-The data gradient is the same gather with negative offsets: each input phase collects
-the output-gradient rows shifted back by its taps (dY is zero-padded in front by
-``max_off`` rows). Each input element belongs to exactly one phase and one grid cell, so
-``dsrc`` is written, never accumulated; elements no tap reaches stay exactly zero.
+The data gradient is the same gather with negative offsets (dY is zero-padded in front by
+``max_off`` rows). Each input element belongs to exactly one phase cell, so ``dsrc`` is
+written, never accumulated. Products accumulate in place (BLAS ``beta = 1``, see
+``blas.py``); a contraction of length 1 (depthwise convolution) is an element-wise
+multiply-add instead of a GEMM.
 
-Groups are the batch axis of one ``np.matmul``. Work runs in *blocks* (several whole
-images, or a slab of rows of one image) planned from the problem alone; the workspace cap
-only shrinks a block when one does not fit, and per-block weight-gradient partials are
-added in block order, so results do not depend on the cap in the usual range.
+``im2col``: the exact column matrix (no wide rows: best for small images, whose halo
+would waste flops, and for few channels, whose per-tap products are too thin). For output
+position ``y`` and tap ``k`` the column holds ``src[y*s + k*d - pb]`` (zero in the
+padding), so with ``cols[(k, c), y]``:
 
-Two lowerings per block: ``im2col`` copies the taps' row slices side by side and runs one
-GEMM with K = taps * channels; ``taps`` runs one GEMM per tap on the slices in place
-(no copy; fwd/bwd_data then add per tap).
+    fwd          Y  = W_cols @ cols                                       (K = taps * Cg)
+    bwd_weights  dW = dY @ cols^T                                         (K = rows)
+    bwd_data     Z  = W_cols^T @ dY;  dsrc[window(k)] += Z[k]  (col2im)   (M = taps * Cg)
+
+Work runs in *blocks* (several whole images, or a slab of rows of one image) planned
+from the problem alone; the workspace cap only shrinks a block when one does not fit,
+and partial sums are added in block order, so results do not depend on the cap in the
+usual range.
 """
 
 from __future__ import annotations
@@ -43,6 +53,13 @@ import numpy as np
 
 from ..errors import WorkspaceError
 from ..spec import ConvSpec
+from .blas import matmul_into
+
+# Element-wise (depthwise) products run over channel chunks of about this many elements,
+# so that the operands of the multiply-add stay in cache.
+ELEMENTWISE_CHUNK = 1 << 16
+# An im2col block holds about ROWS_TARGET * IM2COL_WIDTH column elements.
+IM2COL_WIDTH = 512
 
 
 @dataclass(frozen=True)
@@ -85,12 +102,16 @@ def geometry(spec: ConvSpec) -> PhaseGeometry:
     return PhaseGeometry(spec, max_sh, q, phases, tuple(taps), row_strides, max_off)
 
 
+# ---------------------------------------------------------------------------------------
+# Blocks
+# ---------------------------------------------------------------------------------------
+
 @dataclass(frozen=True)
 class Block:
-    """Images ``[n0, n0 + nb)`` and grid rows ``[r0, r1)`` of spatial axis 0.
+    """Images ``[n0, n0 + nb)`` and rows ``[r0, r1)`` of spatial axis 0.
 
-    ``r`` counts output rows (fwd, bwd_weights) or input-phase rows (bwd_data).
-    ``whole`` blocks cover whole images and need no halo along axis 0.
+    ``r`` counts output rows (fwd, bwd_weights, every im2col block) or input-phase rows
+    (bwd_data of ``taps``). ``whole`` blocks cover whole images and need no halo.
     """
 
     n0: int
@@ -100,63 +121,101 @@ class Block:
     whole: bool
 
 
-def _blocks(geom: PhaseGeometry, direction: str, rows_target: int) -> list[Block]:
+def _extent(geom: PhaseGeometry, direction: str, algorithm: str) -> tuple[int, int]:
+    """(rows of axis 0 that blocks split, flat rows per such row)."""
     spec = geom.spec
-    extent = spec.dst[0] if direction != "bwd_data" else geom.q[0]
-    img_rows = geom.q[0] * geom.row_len
-    if img_rows <= rows_target:
-        per = max(1, rows_target // img_rows)
+    if algorithm == "im2col":
+        return spec.dst[0], int(np.prod(spec.dst[1:], dtype=np.int64))
+    return (geom.q[0] if direction == "bwd_data" else spec.dst[0]), geom.row_len
+
+
+def _img_rows(geom: PhaseGeometry, algorithm: str) -> int:
+    if algorithm == "im2col":
+        return int(np.prod(geom.spec.dst, dtype=np.int64))
+    return geom.q[0] * geom.row_len
+
+
+def _natural(geom: PhaseGeometry, direction: str, algorithm: str, rows_target: int) -> tuple[int, int]:
+    """(images per whole block, axis-0 rows per slab) decided by the problem alone."""
+    spec = geom.spec
+    if algorithm == "im2col":
+        width = len(geom.taps) * spec.ic
+        rows_target = max(1, rows_target * IM2COL_WIDTH // max(IM2COL_WIDTH, width))
+    extent, row_len = _extent(geom, direction, algorithm)
+    img = _img_rows(geom, algorithm)
+    if img <= rows_target:
+        return max(1, rows_target // max(1, img)), extent
+    return 1, max(1, min(extent, rows_target // max(1, row_len)))
+
+
+def _make_blocks(geom: PhaseGeometry, direction: str, algorithm: str, per: int, h: int) -> list[Block]:
+    spec = geom.spec
+    extent, _ = _extent(geom, direction, algorithm)
+    if h >= extent:
         return [Block(n0, min(per, spec.mb - n0), 0, extent, True) for n0 in range(0, spec.mb, per)]
-    h = max(1, rows_target // geom.row_len)
-    return [Block(n, 1, r0, min(r0 + h, extent), False)
-            for n in range(spec.mb) for r0 in range(0, extent, h)]
+    return [Block(n, 1, r0, min(r0 + h, extent), False) for n in range(spec.mb) for r0 in range(0, extent, h)]
 
 
-def _grid_rows(geom: PhaseGeometry, direction: str, b: Block) -> int:
-    """Axis-0 rows of a block's flat grid (with the halo it needs)."""
+def _grid_rows(geom: PhaseGeometry, b: Block) -> int:
+    """Axis-0 rows of a ``taps`` block's flat grid (with the halo it needs)."""
     if b.whole:
         return geom.q[0]
     return (b.r1 - b.r0) + geom.max_sh[0]
 
 
 def workspace_bytes(geom: PhaseGeometry, direction: str, algorithm: str, b: Block, itemsize: int) -> int:
-    """Bytes of temporaries one block allocates (the quantity the workspace cap bounds)."""
+    """Bytes of temporaries one block allocates (the quantity the workspace cap bounds).
+
+    Counted generously: every buffer a block allocates, a temporary for one product (used
+    when a product cannot accumulate in place) and the per-call weight layouts.
+    """
     spec = geom.spec
     c, o, t = spec.ic, spec.oc, len(geom.taps)
-    rows = b.nb * _grid_rows(geom, direction, b) * geom.row_len
     weights = t * spec.icg * o
-    if direction == "fwd":
-        inner = rows * t * c if algorithm == "im2col" else rows * o
-        elems = len(geom.phases) * rows * c + inner + rows * o + weights
-    elif direction == "bwd_weights":
-        inner = rows * t * c if algorithm == "im2col" else 0
-        elems = len(geom.phases) * rows * c + rows * o + inner + 2 * weights
+    if algorithm == "im2col":
+        rows = b.nb * (b.r1 - b.r0) * _extent(geom, direction, algorithm)[1]
+        cols = t * c * rows
+        if direction == "bwd_weights":
+            elems = cols + 2 * o * rows + 3 * weights
+        else:
+            elems = cols + 2 * o * rows + rows * c + 2 * weights
     else:
-        per_phase = max(sum(1 for ph, _ in geom.taps if ph == i) for i in range(len(geom.phases)))
-        inner = rows * per_phase * o if algorithm == "im2col" else rows * c
-        elems = (geom.max_off + rows) * o + inner + rows * c + weights
+        rows = b.nb * _grid_rows(geom, b) * geom.row_len
+        if direction == "fwd":
+            elems = len(geom.phases) * rows * c + 2 * rows * o + 2 * weights
+        elif direction == "bwd_weights":
+            elems = len(geom.phases) * rows * c + rows * o + 3 * weights
+        else:
+            elems = (geom.max_off + rows) * o + 2 * rows * c + 2 * weights
     return int(elems) * itemsize
 
 
 def plan(geom: PhaseGeometry, direction: str, algorithm: str, itemsize: int,
          workspace_limit: int, rows_target: int) -> list[Block]:
-    """Blocks for one call: the problem decides them; the cap only shrinks them to fit."""
-    target = rows_target
+    """Blocks for one call: the problem decides them; the cap only shrinks them to fit.
+
+    Shrinking halves the images per block first, then the rows per slab.
+    """
+    per, h = _natural(geom, direction, algorithm, rows_target)
+    extent, _ = _extent(geom, direction, algorithm)
     while True:
-        blocks = _blocks(geom, direction, target)
+        blocks = _make_blocks(geom, direction, algorithm, per, h)
         worst = max((workspace_bytes(geom, direction, algorithm, b, itemsize) for b in blocks), default=0)
         if worst <= workspace_limit:
             return blocks
-        if target <= 1 or all(not b.whole and b.r1 - b.r0 == 1 for b in blocks):
+        if per > 1:
+            per //= 2
+        elif h > 1:
+            h = min(h, extent) // 2 if min(h, extent) > 1 else 1
+        else:
             raise WorkspaceError(
                 f"{direction}: the workspace limit ({workspace_limit} bytes) is too small for the "
                 f"smallest tile of problem {geom.spec} ({worst} bytes); raise it with "
                 f"convgrad.set_workspace_limit()")
-        target //= 2
 
 
 # ---------------------------------------------------------------------------------------
-# Data movement between canonical NC* arrays and channels-last phase grids
+# Data movement between canonical NC* arrays and channel-major tiles
 # ---------------------------------------------------------------------------------------
 
 def _phase_slices(spec: ConvSpec, r: tuple[int, ...], q_lo: tuple[int, ...], q_hi: tuple[int, ...]):
@@ -177,41 +236,131 @@ def _phase_slices(spec: ConvSpec, r: tuple[int, ...], q_lo: tuple[int, ...], q_h
     return tuple(grid), tuple(src)
 
 
-def _src_phases(geom: PhaseGeometry, src: np.ndarray, b: Block, rows0: int, dtype) -> np.ndarray:
-    """Phase grids of ``src`` for a block: (phases, nb, rows0, *q[1:], C), zero outside."""
+def _tap_window(spec: ConvSpec, tap: tuple[int, ...], y_lo: tuple[int, ...], y_hi: tuple[int, ...]):
+    """Outputs ``y`` in [y_lo, y_hi) whose tap ``tap`` reads a real input element:
+    (column slices relative to y_lo, src slices) or None. Input index = y*s + k*d - pb."""
+    cols, src = [], []
+    for j in range(spec.nsp):
+        s, pb, size = spec.strides[j], spec.pads_begin[j], spec.src[j]
+        kd = tap[j] * spec.dilations[j]
+        lo = max(y_lo[j], -((pb - kd) // -s) if pb > kd else 0)
+        hi = min(y_hi[j], (size - 1 + pb - kd) // s + 1)
+        if hi <= lo:
+            return None
+        i0 = lo * s + kd - pb
+        cols.append(slice(lo - y_lo[j], hi - y_lo[j]))
+        src.append(slice(i0, i0 + (hi - lo - 1) * s + 1, s))
+    return tuple(cols), tuple(src)
+
+
+def _zero_outside(arr: np.ndarray, first_axis: int, box: tuple[slice, ...]) -> None:
+    """Zero every element of ``arr`` outside ``box`` (slices of the axes from ``first_axis``)."""
+    for j, sl in enumerate(box):
+        ax = first_axis + j
+        pre = (slice(None),) * ax
+        if sl.start > 0:
+            arr[pre + (slice(0, sl.start),)] = 0
+        if sl.stop < arr.shape[ax]:
+            arr[pre + (slice(sl.stop, None),)] = 0
+
+
+def _src_grid(geom: PhaseGeometry, src: np.ndarray, b: Block, rows0: int, dtype) -> np.ndarray:
+    """Channel-major phase grids of ``src`` for a block: (phases, C, nb, rows0, *q[1:])."""
     spec = geom.spec
-    out = np.zeros((len(geom.phases), b.nb, rows0) + geom.q[1:] + (spec.ic,), dtype=dtype)
+    out = np.empty((len(geom.phases), spec.ic, b.nb, rows0) + geom.q[1:], dtype=dtype)
     q_lo = (b.r0,) + (0,) * (spec.nsp - 1)
     q_hi = (b.r0 + rows0,) + geom.q[1:]
     nsl = slice(b.n0, b.n0 + b.nb)
     for i, r in enumerate(geom.phases):
         sl = _phase_slices(spec, r, q_lo, q_hi)
-        if sl is not None:
-            out[(i, slice(None)) + sl[0]] = np.moveaxis(src[(nsl, slice(None)) + sl[1]], 1, -1)
+        if sl is None:
+            out[i] = 0
+            continue
+        _zero_outside(out[i], 2, sl[0])
+        out[(i, slice(None), slice(None)) + sl[0]] = src[(nsl, slice(None)) + sl[1]].swapaxes(0, 1)
     return out
 
 
-def _dst_grid(geom: PhaseGeometry, ddst: np.ndarray, b: Block, rows0: int, first: int, dtype) -> np.ndarray:
-    """``diff_dst`` rows ``[first, first + rows0)`` of axis 0 on the wide grid, channels-last."""
+def _dst_grid(geom: PhaseGeometry, ddst: np.ndarray, b: Block, rows0: int, first: int, dtype,
+              front: int = 0) -> np.ndarray:
+    """``diff_dst`` rows ``[first, first + rows0)`` of axis 0 on the wide grid, channel-major
+    and flat: (O, front + nb * rows0 * row_len), zero in front and outside diff_dst."""
     spec = geom.spec
-    out = np.zeros((b.nb, rows0) + geom.q[1:] + (spec.oc,), dtype=dtype)
+    out = np.empty((spec.oc, front + b.nb * rows0 * geom.row_len), dtype=dtype)
+    out[:, :front] = 0
+    grid = out[:, front:].reshape((spec.oc, b.nb, rows0) + geom.q[1:])
     lo, hi = max(first, 0), min(first + rows0, spec.dst[0])
-    if hi > lo:
-        inner = tuple(slice(0, o) for o in spec.dst[1:])
-        out[(slice(None), slice(lo - first, hi - first)) + inner] = np.moveaxis(
-            ddst[(slice(b.n0, b.n0 + b.nb), slice(None), slice(lo, hi)) + inner], 1, -1)
+    if hi <= lo:
+        grid[...] = 0
+        return out
+    box = (slice(lo - first, hi - first),) + tuple(slice(0, o) for o in spec.dst[1:])
+    _zero_outside(grid, 2, box)
+    grid[(slice(None), slice(None)) + box] = ddst[
+        (slice(b.n0, b.n0 + b.nb), slice(None), slice(lo, hi)) + box[1:]].swapaxes(0, 1)
+    return out
+
+
+def _src_cols(spec: ConvSpec, src: np.ndarray, b: Block, dtype) -> np.ndarray:
+    """Exact column matrix of a block: (G, T, Cg, nb, r1 - r0, *dst[1:])."""
+    t = int(np.prod(spec.kernel))
+    h = b.r1 - b.r0
+    cols = np.empty((spec.groups, t, spec.icg, b.nb, h) + spec.dst[1:], dtype=dtype)
+    y_lo = (b.r0,) + (0,) * (spec.nsp - 1)
+    y_hi = (b.r1,) + spec.dst[1:]
+    nsl = slice(b.n0, b.n0 + b.nb)
+    for i, tap in enumerate(itertools.product(*(range(k) for k in spec.kernel))):
+        win = _tap_window(spec, tap, y_lo, y_hi)
+        dest = cols[:, i]                                        # (G, Cg, nb, h, ...)
+        if win is None:
+            dest[...] = 0
+            continue
+        _zero_outside(dest, 3, win[0])
+        part = src[(nsl, slice(None)) + win[1]]                  # (nb, C, ...)
+        part = part.reshape((b.nb, spec.groups, spec.icg) + part.shape[2:])
+        dest[(slice(None), slice(None), slice(None)) + win[0]] = np.moveaxis(part, 0, 2)
+    return cols
+
+
+def _dst_rows(spec: ConvSpec, ddst: np.ndarray, b: Block, dtype) -> np.ndarray:
+    """``diff_dst`` of a block, channel-major and exact: (O, nb, r1 - r0, *dst[1:])."""
+    part = ddst[slice(b.n0, b.n0 + b.nb), :, b.r0:b.r1]
+    out = np.empty((spec.oc, b.nb) + part.shape[2:], dtype=dtype)
+    out[...] = part.swapaxes(0, 1)
     return out
 
 
 # ---------------------------------------------------------------------------------------
-# Weights in the per-tap layouts the GEMMs want
+# Products
 # ---------------------------------------------------------------------------------------
 
-def _weights_tgco(spec: ConvSpec, weights: np.ndarray, dtype) -> np.ndarray:
-    """(O, Cg, *K) -> (T, G, Cg, Og)."""
+def _product(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool, tmp: np.ndarray) -> None:
+    """``out (+)= a @ b`` for (G, M, K) @ (G, K, N). K = 1 (depthwise) is an element-wise
+    multiply-add, run over channel chunks small enough to stay in cache."""
+    if a.shape[-1] != 1:
+        matmul_into(a, b, out, accumulate, tmp)
+        return
+    g, m, n = out.shape
+    step = max(1, ELEMENTWISE_CHUNK // max(1, m * n))
+    for g0 in range(0, g, step):
+        gs = slice(g0, g0 + step)
+        if accumulate:
+            t = tmp[gs]
+            np.multiply(a[gs], b[gs], out=t)
+            out[gs] += t
+        else:
+            np.multiply(a[gs], b[gs], out=out[gs])
+
+
+def _sum_products(pairs, out: np.ndarray, tmp: np.ndarray) -> None:
+    for i, (a, b) in enumerate(pairs):
+        _product(a, b, out, i > 0, tmp)
+
+
+def _weights(spec: ConvSpec, weights: np.ndarray, order: tuple[int, ...], dtype) -> np.ndarray:
+    """Weights (O, Cg, *K) viewed as (G, Og, Cg, T), permuted by ``order``, contiguous."""
     t = int(np.prod(spec.kernel))
     w = weights.reshape(spec.groups, spec.ocg, spec.icg, t)
-    return np.ascontiguousarray(w.transpose(3, 0, 2, 1), dtype=dtype)
+    return np.ascontiguousarray(w.transpose(order), dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------
@@ -222,33 +371,32 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
                  workspace_limit: int, rows_target: int) -> np.ndarray:
     geom = geometry(spec)
     g, cg, og, t = spec.groups, spec.icg, spec.ocg, len(geom.taps)
-    dst = np.zeros(spec.dst_shape, dtype=dtype)
-    w = _weights_tgco(spec, weights, dtype)                               # (T, G, Cg, Og)
-    w_cols = np.ascontiguousarray(w.transpose(1, 0, 2, 3)).reshape(g, t * cg, og)
+    dst = np.empty(spec.dst_shape, dtype=dtype)
+    blocks = plan(geom, "fwd", algorithm, np.dtype(dtype).itemsize, workspace_limit, rows_target)
+    if algorithm == "im2col":
+        w_cols = _weights(spec, weights, (0, 1, 3, 2), dtype).reshape(g, og, t * cg)
+        for b in blocks:
+            cols = _src_cols(spec, src, b, dtype)
+            rows = b.nb * (b.r1 - b.r0) * _extent(geom, "fwd", "im2col")[1]
+            y = np.empty((g, og, rows), dtype=dtype)
+            matmul_into(w_cols, cols.reshape(g, t * cg, rows), y, False)
+            grid = y.reshape((spec.oc, b.nb, b.r1 - b.r0) + spec.dst[1:])
+            dst[b.n0:b.n0 + b.nb, :, b.r0:b.r1] = grid.swapaxes(0, 1)
+        return dst
+    w = _weights(spec, weights, (3, 0, 1, 2), dtype)                       # (T, G, Og, Cg)
     inner = tuple(slice(0, o) for o in spec.dst[1:])
-    for b in plan(geom, "fwd", algorithm, np.dtype(dtype).itemsize, workspace_limit, rows_target):
-        rows0 = _grid_rows(geom, "fwd", b)
-        phases = _src_phases(geom, src, b, rows0, dtype)
-        rows = b.nb * rows0 * geom.row_len
+    for b in blocks:
+        rows0 = _grid_rows(geom, b)
+        flat = _src_grid(geom, src, b, rows0, dtype).reshape(len(geom.phases), g, cg, -1)
+        rows = flat.shape[-1]
         span = rows - geom.max_off
-        flat = phases.reshape(len(geom.phases), rows, g, cg)
-        y = np.empty((rows, g, og), dtype=dtype)
-        if algorithm == "im2col":
-            cols = np.empty((span, g, t, cg), dtype=dtype)
-            for i, (ph, off) in enumerate(geom.taps):
-                cols[:, :, i, :] = flat[ph, off:off + span]
-            np.matmul(cols.transpose(1, 0, 2, 3).reshape(g, span, t * cg), w_cols,
-                      out=y[:span].transpose(1, 0, 2))
-        else:
-            acc = y[:span].transpose(1, 0, 2)
-            tmp = np.empty_like(acc)
-            for i, (ph, off) in enumerate(geom.taps):
-                np.matmul(flat[ph, off:off + span].transpose(1, 0, 2), w[i], out=acc if i == 0 else tmp)
-                if i:
-                    acc += tmp
-        grid = y.reshape((b.nb, rows0) + geom.q[1:] + (spec.oc,))
-        valid = grid[(slice(None), slice(0, b.r1 - b.r0)) + inner]
-        dst[(slice(b.n0, b.n0 + b.nb), slice(None), slice(b.r0, b.r1))] = np.moveaxis(valid, -1, 1)
+        y = np.empty((g, og, rows), dtype=dtype)
+        tmp = np.empty((g, og, span), dtype=dtype)
+        _sum_products(((w[i], flat[ph, :, :, off:off + span]) for i, (ph, off) in enumerate(geom.taps)),
+                      y[:, :, :span], tmp)
+        grid = y.reshape((spec.oc, b.nb, rows0) + geom.q[1:])
+        valid = grid[(slice(None), slice(None), slice(0, b.r1 - b.r0)) + inner]
+        dst[b.n0:b.n0 + b.nb, :, b.r0:b.r1] = valid.swapaxes(0, 1)
     return dst
 
 
@@ -256,71 +404,76 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
                           workspace_limit: int, rows_target: int) -> np.ndarray:
     geom = geometry(spec)
     g, cg, og, t = spec.groups, spec.icg, spec.ocg, len(geom.taps)
-    total = np.zeros((g, t, cg, og), dtype=dtype)
-    for b in plan(geom, "bwd_weights", algorithm, np.dtype(dtype).itemsize, workspace_limit, rows_target):
-        rows0 = _grid_rows(geom, "bwd_weights", b)
-        phases = _src_phases(geom, src, b, rows0, dtype)
-        dgrid = _dst_grid(geom, diff_dst, b, rows0, b.r0, dtype)
-        rows = b.nb * rows0 * geom.row_len
-        span = rows - geom.max_off
-        flat = phases.reshape(len(geom.phases), rows, g, cg)
-        dy = dgrid.reshape(rows, g, og)[:span].transpose(1, 0, 2)         # (G, span, Og)
-        if algorithm == "im2col":
-            cols = np.empty((span, g, t, cg), dtype=dtype)
-            for i, (ph, off) in enumerate(geom.taps):
-                cols[:, :, i, :] = flat[ph, off:off + span]
-            part = np.matmul(cols.transpose(1, 2, 3, 0).reshape(g, t * cg, span), dy).reshape(g, t, cg, og)
-        else:
-            part = np.empty((g, t, cg, og), dtype=dtype)
-            for i, (ph, off) in enumerate(geom.taps):
-                np.matmul(flat[ph, off:off + span].transpose(1, 2, 0), dy, out=part[:, i])
-        total += part
-    # (G, T, Cg, Og) -> (G, Og, Cg, T) -> (O, Cg, *K)
-    return np.ascontiguousarray(total.transpose(0, 3, 2, 1)).reshape(spec.weights_shape)
+    blocks = plan(geom, "bwd_weights", algorithm, np.dtype(dtype).itemsize, workspace_limit, rows_target)
+    if algorithm == "im2col":
+        total = np.zeros((g, og, t * cg), dtype=dtype)
+        tmp = np.empty_like(total)
+        for b in blocks:
+            cols = _src_cols(spec, src, b, dtype)
+            rows = b.nb * (b.r1 - b.r0) * _extent(geom, "fwd", "im2col")[1]
+            dy = _dst_rows(spec, diff_dst, b, dtype).reshape(g, og, rows)
+            matmul_into(dy, cols.reshape(g, t * cg, rows).swapaxes(1, 2), total, True, tmp)
+        # (G, Og, T, Cg) -> (G, Og, Cg, T) -> (O, Cg, *K)
+        return np.ascontiguousarray(total.reshape(g, og, t, cg).swapaxes(2, 3)).reshape(spec.weights_shape)
+    total = np.zeros((t, g, og, cg), dtype=dtype)
+    tmp = np.empty((g, og, cg), dtype=dtype)
+    for b in blocks:
+        rows0 = _grid_rows(geom, b)
+        flat = _src_grid(geom, src, b, rows0, dtype).reshape(len(geom.phases), g, cg, -1)
+        span = flat.shape[-1] - geom.max_off
+        dy = _dst_grid(geom, diff_dst, b, rows0, b.r0, dtype).reshape(g, og, -1)[:, :, :span]
+        for i, (ph, off) in enumerate(geom.taps):
+            matmul_into(dy, flat[ph, :, :, off:off + span].swapaxes(1, 2), total[i], True, tmp)
+    # (T, G, Og, Cg) -> (G, Og, Cg, T) -> (O, Cg, *K)
+    return np.ascontiguousarray(total.transpose(1, 2, 3, 0)).reshape(spec.weights_shape)
 
 
 def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, *, dtype, algorithm: str,
                        workspace_limit: int, rows_target: int) -> np.ndarray:
     geom = geometry(spec)
-    g, cg, og = spec.groups, spec.icg, spec.ocg
+    g, cg, og, t = spec.groups, spec.icg, spec.ocg, len(geom.taps)
     dsrc = np.zeros(spec.src_shape, dtype=dtype)
-    w = _weights_tgco(spec, weights, dtype).transpose(0, 1, 3, 2)         # (T, G, Og, Cg)
+    blocks = plan(geom, "bwd_data", algorithm, np.dtype(dtype).itemsize, workspace_limit, rows_target)
+    if algorithm == "im2col":
+        w_cols = _weights(spec, weights, (0, 3, 2, 1), dtype).reshape(g, t * cg, og)   # (G, T*Cg, Og)
+        taps = list(itertools.product(*(range(k) for k in spec.kernel)))
+        dsrc_g = dsrc.reshape((spec.mb, g, cg) + spec.src)
+        for b in blocks:
+            dy = _dst_rows(spec, diff_dst, b, dtype)
+            rows = dy[0].size
+            z = np.empty((g, t * cg, rows), dtype=dtype)
+            matmul_into(w_cols, dy.reshape(g, og, rows), z, False)
+            z = z.reshape((g, t, cg, b.nb, b.r1 - b.r0) + spec.dst[1:])
+            y_lo = (b.r0,) + (0,) * (spec.nsp - 1)
+            y_hi = (b.r1,) + spec.dst[1:]
+            for i, tap in enumerate(taps):                         # col2im: scatter-add each tap
+                win = _tap_window(spec, tap, y_lo, y_hi)
+                if win is None:
+                    continue
+                part = z[(slice(None), i, slice(None), slice(None)) + win[0]]       # (G, Cg, nb, ...)
+                dsrc_g[(slice(b.n0, b.n0 + b.nb), slice(None), slice(None)) + win[1]] += np.moveaxis(part, 2, 0)
+        return dsrc
+    w = _weights(spec, weights, (3, 0, 2, 1), dtype)                       # (T, G, Cg, Og)
     by_phase = [[i for i, (ph, _) in enumerate(geom.taps) if ph == p] for p in range(len(geom.phases))]
-    w_cols = [np.ascontiguousarray(w[taps].transpose(1, 0, 2, 3)).reshape(g, len(taps) * og, cg)
-              for taps in by_phase]
-    for b in plan(geom, "bwd_data", algorithm, np.dtype(dtype).itemsize, workspace_limit, rows_target):
-        rows0 = _grid_rows(geom, "bwd_data", b)
+    for b in blocks:
+        rows0 = _grid_rows(geom, b)
         lead = 0 if b.whole else geom.max_sh[0]
-        dgrid = _dst_grid(geom, diff_dst, b, rows0, b.r0 - lead, dtype)
-        rows = b.nb * rows0 * geom.row_len
-        dy = np.zeros((geom.max_off + rows, g, og), dtype=dtype)
-        dy[geom.max_off:] = dgrid.reshape(rows, g, og)
+        dy = _dst_grid(geom, diff_dst, b, rows0, b.r0 - lead, dtype, front=geom.max_off)
+        dy = dy.reshape(g, og, -1)
         first = lead * geom.row_len                   # flat row of the block's first phase row
-        span = rows - first
+        span = b.nb * rows0 * geom.row_len - first
         base = geom.max_off + first
         out_rows = (b.r1 - b.r0) if not b.whole else geom.q[0]
         q_lo = (b.r0,) + (0,) * (spec.nsp - 1)
         q_hi = (b.r0 + out_rows,) + geom.q[1:]
-        res = np.empty((span, g, cg), dtype=dtype)
+        res = np.empty((g, cg, span), dtype=dtype)
+        tmp = np.empty_like(res)
         for p, taps in enumerate(by_phase):
             sl = _phase_slices(spec, geom.phases[p], q_lo, q_hi)
             if sl is None:
                 continue
-            if algorithm == "im2col":
-                cols = np.empty((span, g, len(taps), og), dtype=dtype)
-                for j, i in enumerate(taps):
-                    off = geom.taps[i][1]
-                    cols[:, :, j, :] = dy[base - off:base - off + span]
-                np.matmul(cols.transpose(1, 0, 2, 3).reshape(g, span, len(taps) * og), w_cols[p],
-                          out=res.transpose(1, 0, 2))
-            else:
-                acc = res.transpose(1, 0, 2)
-                tmp = np.empty_like(acc)
-                for j, i in enumerate(taps):
-                    off = geom.taps[i][1]
-                    np.matmul(dy[base - off:base - off + span].transpose(1, 0, 2), w[i], out=acc if j == 0 else tmp)
-                    if j:
-                        acc += tmp
-            grid = res.reshape((b.nb, out_rows) + geom.q[1:] + (spec.ic,))
-            dsrc[(slice(b.n0, b.n0 + b.nb), slice(None)) + sl[1]] = np.moveaxis(grid[(slice(None),) + sl[0]], -1, 1)
+            pairs = ((w[i], dy[:, :, base - geom.taps[i][1]:base - geom.taps[i][1] + span]) for i in taps)
+            _sum_products(pairs, res, tmp)
+            grid = res.reshape((spec.ic, b.nb, out_rows) + geom.q[1:])
+            dsrc[(slice(b.n0, b.n0 + b.nb), slice(None)) + sl[1]] = grid[(slice(None), slice(None)) + sl[0]].swapaxes(0, 1)
     return dsrc
