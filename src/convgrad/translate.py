@@ -632,7 +632,10 @@ def _read_openvino(op: str, attrs: Mapping, shapes: Mapping) -> Reading:
                      pads_begin=cpb, pads_end=cpe)
     if spec.dst != sp:  # internal consistency of the window rule above
         raise TranslationRefused(f"{op}: no forward convolution maps {list(size)} to {list(sp)}")
-    return Reading(direction, spec, _ov_call(op, direction, family, spec, dict(attrs)), tuple(notes))
+    call = _ov_call(op, direction, family, spec, dict(attrs))
+    if out_shape is not None:
+        call = OpCall(call.framework, op, call.attrs, call.inputs, call.output, {"output_shape": tuple(out_shape)})
+    return Reading(direction, spec, call, tuple(notes))
 
 
 def _read_onednn(op: str, attrs: Mapping, shapes: Mapping) -> Reading:
@@ -688,6 +691,9 @@ def _read_onednn(op: str, attrs: Mapping, shapes: Mapping) -> Reading:
                      pads_begin=pb, pads_end=pe)
     pad_notes = _forward_rule_notes(auto, sp, cw[2:], s, d, pb, pe, label=f"auto_pad {auto}")
     call = _onednn_call(op, direction, spec, fmt, wfmt, dict(attrs))
+    shape_attr = {"bwd_weights": "weights_shape", "bwd_data": "dst_shape"}.get(direction)
+    if shape_attr is not None and shape_attr not in attrs:  # given as a shape: the op's optional input
+        call = OpCall(call.framework, op, call.attrs, call.inputs, call.output, {shape_attr: call.output.shape})
     _check_shape(op, "diff_dst", _shape(op, shapes, ("diff_dst",), nsp + 2, required=False),
                  _role_shape(call, "diff_dst") if direction != "fwd" else call.output.shape)
     notes = ("ConvolutionBackwardData: output_padding changes nothing (oneDNN 3.13.2 applies the forward "
@@ -848,8 +854,9 @@ def _write_tensorflow(direction: str, spec: ConvSpec, to_op: str | None, layout:
                                     f"begin {[p[0] for p in same]} end {[p[1] for p in same]})")
     attrs["data_format"] = fmt
     attrs["dilations"] = expand(list(spec.dilations))
-    if nsp == 3 and any(d != 1 for d in spec.dilations):
-        notes.append("TensorFlow's CPU kernels of Conv3D* support only dilations of 1; the op is valid on GPU")
+    if any(d != 1 for d in spec.dilations) and (nsp == 3 or direction != "fwd"):
+        notes.append(f"TensorFlow 2.21's CPU kernels of {op} reject dilations > 1 (\"Current CPU implementations "
+                     f"do not yet support dilation rates larger than 1\"); the op is valid on GPU")
     if fmt.startswith("NC"):
         notes.append(f"TensorFlow's CPU kernels mostly support only {fmts[0]}; {fmt} runs on GPU")
     call = _tf_call(op, direction, family, spec, fmt, attrs)
