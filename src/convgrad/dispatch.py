@@ -1,11 +1,22 @@
 """Algorithm choice and the workspace cap (pure functions of the problem; public).
 
 ``choose_algorithm(spec, direction, dtype)`` applies vetoes first (exact integer types go
-to the reference kernel, which accumulates in int64), then a cost model: the ``im2col``
-lowering copies ``taps x channels`` columns per row and wins when channels are few (the
-GEMM's K is then too short per tap); ``taps`` runs one GEMM per kernel tap on strided
-views without a copy and wins when channels are many. Callers may override it with the
-``algorithm=`` keyword of every canonical function.
+to the reference kernel, which accumulates in int64), then a cost model,
+``estimate_cost``, over the two fast lowerings of ``kernels/gemm.py``:
+
+* ``taps`` runs one GEMM per kernel tap on shifted views of stride-phase grids (no
+  column matrix) over *wide* rows: each image carries a halo of ``(k - 1) * d // s`` rows
+  per axis, whose products are computed and thrown away. It wins on large images with
+  many channels.
+* ``im2col`` copies the exact column matrix (``taps x channels`` per output position) and
+  runs one GEMM with a long reduction. It wins on small images (the halo would waste a
+  large share of the flops) and on few channels (a per-tap GEMM of 3 channels is thin).
+
+The model charges the GEMM flops at a rate that falls with the smallest GEMM dimension
+(``RATE_KNEE``: a 64-wide GEMM runs at ~0.8 of peak), plus the copies and adds around
+them at a fixed per-element price, plus a per-call price for every small NumPy/BLAS call.
+Constants were measured on the development machine (AMD EPYC, 2 cores, OpenBLAS);
+only the ratios matter. Callers may override the choice with the ``algorithm=`` keyword.
 """
 
 from __future__ import annotations
@@ -59,19 +70,85 @@ def workspace_limit(limit: int) -> Iterator[None]:
         _state.limit = old
 
 
+# Cost model constants (seconds, per element or per call; flops at PEAK_FLOPS per second).
+PEAK_FLOPS = 90e9
+RATE_KNEE = 10.0            # rate = peak / (1 + knee/m + knee/n + knee/k)
+COPY_SECONDS = 0.4e-9       # per element copied along long rows (grids, crops)
+COLS_SECONDS = 1.2e-9       # per element of a column matrix gathered (short rows, out of cache)
+COL2IM_SECONDS = 2.5e-9     # per element of a column matrix scatter-added
+ADD_SECONDS = 0.5e-9        # per element of an element-wise add or multiply-add
+CALL_SECONDS = 6e-6         # per NumPy/BLAS call inside a block
+
+
+def _prod(values) -> int:
+    out = 1
+    for v in values:
+        out *= int(v)
+    return out
+
+
+def _gemm_seconds(m: int, n: int, k: int, batch: int = 1) -> float:
+    if min(m, n, k) <= 0:
+        return 0.0
+    rate = PEAK_FLOPS / (1 + RATE_KNEE / m + RATE_KNEE / n + RATE_KNEE / k)
+    return 2.0 * m * n * k * batch / rate
+
+
+def estimate_cost(spec: ConvSpec, direction: str, algorithm: str) -> float:
+    """Modelled seconds (one thread) of one call with a fast lowering; pure.
+
+    ``reference`` is costed as a very slow lowering (it is the float64 oracle).
+    """
+    if direction not in DIRECTIONS:
+        raise ConvValueError(f"estimate_cost: direction must be one of {DIRECTIONS}, but got {direction!r}")
+    g, cg, og = spec.groups, spec.icg, spec.ocg
+    t = _prod(spec.kernel)
+    exact = spec.mb * _prod(spec.dst)
+    src_elems = spec.mb * spec.ic * _prod(spec.src)
+    if algorithm == "reference":
+        return 2.0 * g * og * cg * t * exact / 1e9 + CALL_SECONDS * t
+    if algorithm == "im2col":
+        cols = t * spec.ic * exact
+        blocks = max(1, -(-cols // (ROWS_TARGET * 512)))
+        calls = CALL_SECONDS * blocks * 6
+        moves = COLS_SECONDS * cols + COPY_SECONDS * (src_elems + spec.oc * exact)
+        if direction == "fwd":
+            return _gemm_seconds(og, exact, cg * t, g) + moves + calls
+        if direction == "bwd_weights":
+            return _gemm_seconds(og, cg * t, exact, g) + moves + calls
+        loops = 1
+        for k, s, d, o in zip(spec.kernel, spec.strides, spec.dilations, spec.dst):
+            loops *= max(1, min(k, -(-(d * (k - 1) + 1) // s), o))
+        return (_gemm_seconds(cg * t, exact, og, g) + COPY_SECONDS * (spec.oc * exact + 2 * src_elems)
+                + COL2IM_SECONDS * cols + CALL_SECONDS * blocks * loops + calls)
+    if algorithm != "taps":
+        raise ConvValueError(f"estimate_cost: algorithm must be one of {ALGORITHMS}, but got {algorithm!r}")
+    # Wide rows of the stride-phase grids: (dst + halo) per axis.
+    wide = spec.mb * _prod(o + (k - 1) * d // s for o, k, d, s in
+                           zip(spec.dst, spec.kernel, spec.dilations, spec.strides))
+    img = max(1, wide // max(1, spec.mb))
+    blocks = max(1, -(-wide // ROWS_TARGET)) if img <= ROWS_TARGET else spec.mb * -(-img // ROWS_TARGET)
+    calls = CALL_SECONDS * blocks * (t + 6)
+    moves = COPY_SECONDS * (spec.ic * wide + spec.oc * wide)
+    if direction == "bwd_weights":
+        return _gemm_seconds(og, cg, wide, g * t) + moves + calls
+    m, k = (og, cg) if direction == "fwd" else (cg, og)
+    if k == 1:                                      # element-wise multiply-add per tap
+        return ADD_SECONDS * g * m * wide * t + moves + calls
+    adds = 0.0 if g == 1 else ADD_SECONDS * g * m * wide * (t - 1)
+    return _gemm_seconds(m, wide, k, g * t) + adds + moves + calls
+
+
 def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32) -> str:
-    """The algorithm the canonical functions use for this problem (pure, overridable)."""
+    """The algorithm the canonical functions use for this problem (pure, overridable).
+
+    Vetoes first (integer types: ``reference``), then the cheaper of ``taps`` and
+    ``im2col`` by ``estimate_cost``.
+    """
     if direction not in DIRECTIONS:
         raise ConvValueError(f"choose_algorithm: direction must be one of {DIRECTIONS}, but got {direction!r}")
     dt = np.dtype(dtype)
     if dt.kind in "iu":
         return "reference"
-    # Channels that meet one weight of a tap in one GEMM: the reduction of fwd is icg, of
-    # bwd_data ocg; bwd_weights' reduction runs over rows and its GEMM M x N is icg x ocg.
-    if direction == "fwd":
-        per_tap = spec.icg
-    elif direction == "bwd_data":
-        per_tap = spec.ocg
-    else:
-        per_tap = min(spec.icg, spec.ocg)
-    return "im2col" if per_tap < 64 else "taps"
+    costs = {alg: estimate_cost(spec, direction, alg) for alg in ("taps", "im2col")}
+    return min(costs, key=costs.get)

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import WorkspaceError
+from .. import threads
 from ..spec import ConvSpec
 from .blas import matmul_into
 
@@ -300,25 +301,118 @@ def _dst_grid(geom: PhaseGeometry, ddst: np.ndarray, b: Block, rows0: int, first
     return out
 
 
+def _padded_rows(spec: ConvSpec, b: Block) -> tuple[int, ...]:
+    """Extent of the padded input an im2col block reads: output rows [r0, r1) of axis 0 and
+    all of the others; padded coordinate ``x`` of axis 0 starts at ``r0 * s``."""
+    ek = [d * (k - 1) + 1 for k, d in zip(spec.kernel, spec.dilations)]
+    ext = [(b.r1 - b.r0 - 1) * spec.strides[0] + ek[0]]
+    ext += [(o - 1) * s + e for o, s, e in zip(spec.dst[1:], spec.strides[1:], ek[1:])]
+    return tuple(ext)
+
+
+def _padded_box(spec: ConvSpec, b: Block):
+    """(box in the padded block, src slices) of the real input inside it, or None."""
+    ext = _padded_rows(spec, b)
+    box, srcsl = [], []
+    for j in range(spec.nsp):
+        start = b.r0 * spec.strides[0] if j == 0 else 0          # padded coordinate of element 0
+        lo = max(0, spec.pads_begin[j] - start)
+        hi = min(ext[j], spec.pads_begin[j] + spec.src[j] - start)
+        if hi <= lo:
+            return None
+        box.append(slice(lo, hi))
+        srcsl.append(slice(lo + start - spec.pads_begin[j], hi + start - spec.pads_begin[j]))
+    return tuple(box), tuple(srcsl)
+
+
+def _windows(spec: ConvSpec, padded: np.ndarray) -> np.ndarray:
+    """All windows of a padded block as one view: (nb, C, *dst_block, *kernel)."""
+    ek = tuple(d * (k - 1) + 1 for k, d in zip(spec.kernel, spec.dilations))
+    axes = tuple(range(2, 2 + spec.nsp))
+    v = np.lib.stride_tricks.sliding_window_view(padded, ek, axis=axes)
+    return v[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in spec.strides)
+             + tuple(slice(None, None, d) for d in spec.dilations)]
+
+
 def _src_cols(spec: ConvSpec, src: np.ndarray, b: Block, dtype) -> np.ndarray:
-    """Exact column matrix of a block: (G, T, Cg, nb, r1 - r0, *dst[1:])."""
-    t = int(np.prod(spec.kernel))
-    h = b.r1 - b.r0
-    cols = np.empty((spec.groups, t, spec.icg, b.nb, h) + spec.dst[1:], dtype=dtype)
-    y_lo = (b.r0,) + (0,) * (spec.nsp - 1)
-    y_hi = (b.r1,) + spec.dst[1:]
-    nsl = slice(b.n0, b.n0 + b.nb)
-    for i, tap in enumerate(itertools.product(*(range(k) for k in spec.kernel))):
-        win = _tap_window(spec, tap, y_lo, y_hi)
-        dest = cols[:, i]                                        # (G, Cg, nb, h, ...)
-        if win is None:
-            dest[...] = 0
-            continue
-        _zero_outside(dest, 3, win[0])
-        part = src[(nsl, slice(None)) + win[1]]                  # (nb, C, ...)
-        part = part.reshape((b.nb, spec.groups, spec.icg) + part.shape[2:])
-        dest[(slice(None), slice(None), slice(None)) + win[0]] = np.moveaxis(part, 0, 2)
+    """Exact column matrix of a block, (G, Cg, *kernel, nb, r1 - r0, *dst[1:]): one copy
+    of the padded block's windows (sliding-window view), no loop over taps."""
+    padded = np.empty((b.nb, spec.ic) + _padded_rows(spec, b), dtype=dtype)
+    inside = _padded_box(spec, b)
+    if inside is None:
+        padded[...] = 0
+    else:
+        _zero_outside(padded, 2, inside[0])
+        padded[(slice(None), slice(None)) + inside[0]] = src[(slice(b.n0, b.n0 + b.nb), slice(None)) + inside[1]]
+    win = _windows(spec, padded)                                  # (nb, C, *dst_b, *k)
+    win = win.reshape((b.nb, spec.groups, spec.icg) + win.shape[2:])
+    nsp = spec.nsp
+    order = (1, 2) + tuple(range(3 + nsp, 3 + 2 * nsp)) + (0,) + tuple(range(3, 3 + nsp))
+    cols = np.empty(tuple(win.shape[i] for i in order), dtype=dtype)
+    cols[...] = win.transpose(order)
     return cols
+
+
+def _col2im(spec: ConvSpec, z: np.ndarray, padded: np.ndarray) -> None:
+    """``padded[window(y, k)] += z[k, y]`` for every output ``y`` and tap ``k``.
+
+    z: (G, Cg, *kernel, nb, *dst_block); padded: (nb, C, *_padded_rows) (zeroed).
+    Per axis the loop runs over taps ``k`` (each tap's windows are distinct elements) or
+    over classes ``y mod m`` with ``m = ceil(ek / s)`` (windows ``m`` outputs apart never
+    overlap) when that is at least 4x shorter; every iteration is one add over a
+    non-overlapping view.
+    """
+    nsp, g, cg = spec.nsp, spec.groups, spec.icg
+    nb = padded.shape[0]
+    item = padded.itemsize
+    st = padded.strides
+    dst_b = z.shape[3 + nsp:]
+    plans = []
+    for j in range(nsp):
+        s, d, k = spec.strides[j], spec.dilations[j], spec.kernel[j]
+        m = -(-(d * (k - 1) + 1) // s)
+        classes = min(m, dst_b[j])
+        # Tap loops add along contiguous output rows; class loops add along the kernel axis,
+        # so they are taken only where they save most of the iterations (huge kernels).
+        plans.append(("class", classes, m) if 4 * classes <= k else ("tap", k))
+    for idx in itertools.product(*(range(p[1]) for p in plans)):
+        offset = 0
+        shape, strides = [nb, g, cg], [st[0], cg * st[1], st[1]]
+        zsel: list = [slice(None), slice(None)]
+        ksel, ysel, kshape, kstrides, yshape, ystrides = [], [], [], [], [], []
+        empty = False
+        for j, (plan_j, i) in enumerate(zip(plans, idx)):
+            s, d = spec.strides[j], spec.dilations[j]
+            sj = st[2 + j]
+            if plan_j[0] == "tap":                       # tap i: positions y*s + i*d for all y
+                offset += i * d * sj
+                ksel.append(i)
+                ysel.append(slice(None))
+                yshape.append(dst_b[j])
+                ystrides.append(s * sj)
+            else:                                        # class i: y = i + m*u, all taps
+                m = plan_j[2]
+                u = -(-(dst_b[j] - i) // m)
+                if u <= 0:
+                    empty = True
+                    break
+                offset += i * s * sj
+                ksel.append(slice(None))
+                ysel.append(slice(i, None, m))
+                yshape.append(u)
+                ystrides.append(m * s * sj)
+                kshape.append(spec.kernel[j])
+                kstrides.append(d * sj)
+        if empty:
+            continue
+        kept = [j for j in range(nsp) if plans[j][0] == "class"]
+        part = z[tuple(zsel) + tuple(ksel) + (slice(None),) + tuple(ysel)]     # (G, Cg, *k_kept, nb, *y)
+        nk = len(kept)
+        part = part.transpose((2 + nk, 0, 1) + tuple(range(3 + nk, 3 + nk + nsp)) + tuple(range(2, 2 + nk)))
+        base = padded.reshape(-1)[offset // item:]
+        view = np.lib.stride_tricks.as_strided(base, tuple(shape + yshape + kshape),
+                                               tuple(strides + ystrides + kstrides), writeable=True)
+        view += part
 
 
 def _dst_rows(spec: ConvSpec, ddst: np.ndarray, b: Block, dtype) -> np.ndarray:
@@ -364,39 +458,61 @@ def _weights(spec: ConvSpec, weights: np.ndarray, order: tuple[int, ...], dtype)
 
 
 # ---------------------------------------------------------------------------------------
-# The three directions
+# The three directions. Each block is one work item of fixed shape; blocks run on the
+# thread pool of ``threads`` with BLAS pinned to one thread, so results never depend on
+# the thread count. Blocks write disjoint parts of the result, or return partials that
+# are added in block order.
 # ---------------------------------------------------------------------------------------
+
+def _run_blocks(work, blocks: list[Block], worst: int, workspace_limit: int):
+    """``work`` over the blocks, results in block order; in-flight blocks fit in the cap."""
+    with threads.pinned_blas() as n:
+        workers = max(1, min(n, workspace_limit // max(1, worst)))
+        yield from threads.ordered_map(work, blocks, workers)
+
+
+def _plan(geom: PhaseGeometry, direction: str, algorithm: str, dtype, workspace_limit: int,
+          rows_target: int) -> tuple[list[Block], int]:
+    itemsize = np.dtype(dtype).itemsize
+    blocks = plan(geom, direction, algorithm, itemsize, workspace_limit, rows_target)
+    worst = max((workspace_bytes(geom, direction, algorithm, b, itemsize) for b in blocks), default=0)
+    return blocks, worst
+
 
 def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype, algorithm: str,
                  workspace_limit: int, rows_target: int) -> np.ndarray:
     geom = geometry(spec)
     g, cg, og, t = spec.groups, spec.icg, spec.ocg, len(geom.taps)
     dst = np.empty(spec.dst_shape, dtype=dtype)
-    blocks = plan(geom, "fwd", algorithm, np.dtype(dtype).itemsize, workspace_limit, rows_target)
+    blocks, worst = _plan(geom, "fwd", algorithm, dtype, workspace_limit, rows_target)
     if algorithm == "im2col":
-        w_cols = _weights(spec, weights, (0, 1, 3, 2), dtype).reshape(g, og, t * cg)
-        for b in blocks:
+        w_cols = _weights(spec, weights, (0, 1, 2, 3), dtype).reshape(g, og, cg * t)
+
+        def work(b: Block) -> None:
             cols = _src_cols(spec, src, b, dtype)
             rows = b.nb * (b.r1 - b.r0) * _extent(geom, "fwd", "im2col")[1]
             y = np.empty((g, og, rows), dtype=dtype)
-            matmul_into(w_cols, cols.reshape(g, t * cg, rows), y, False)
+            matmul_into(w_cols, cols.reshape(g, cg * t, rows), y, False)
             grid = y.reshape((spec.oc, b.nb, b.r1 - b.r0) + spec.dst[1:])
             dst[b.n0:b.n0 + b.nb, :, b.r0:b.r1] = grid.swapaxes(0, 1)
-        return dst
-    w = _weights(spec, weights, (3, 0, 1, 2), dtype)                       # (T, G, Og, Cg)
-    inner = tuple(slice(0, o) for o in spec.dst[1:])
-    for b in blocks:
-        rows0 = _grid_rows(geom, b)
-        flat = _src_grid(geom, src, b, rows0, dtype).reshape(len(geom.phases), g, cg, -1)
-        rows = flat.shape[-1]
-        span = rows - geom.max_off
-        y = np.empty((g, og, rows), dtype=dtype)
-        tmp = np.empty((g, og, span), dtype=dtype)
-        _sum_products(((w[i], flat[ph, :, :, off:off + span]) for i, (ph, off) in enumerate(geom.taps)),
-                      y[:, :, :span], tmp)
-        grid = y.reshape((spec.oc, b.nb, rows0) + geom.q[1:])
-        valid = grid[(slice(None), slice(None), slice(0, b.r1 - b.r0)) + inner]
-        dst[b.n0:b.n0 + b.nb, :, b.r0:b.r1] = valid.swapaxes(0, 1)
+    else:
+        w = _weights(spec, weights, (3, 0, 1, 2), dtype)                   # (T, G, Og, Cg)
+        inner = tuple(slice(0, o) for o in spec.dst[1:])
+
+        def work(b: Block) -> None:
+            rows0 = _grid_rows(geom, b)
+            flat = _src_grid(geom, src, b, rows0, dtype).reshape(len(geom.phases), g, cg, -1)
+            rows = flat.shape[-1]
+            span = rows - geom.max_off
+            y = np.empty((g, og, rows), dtype=dtype)
+            tmp = np.empty((g, og, span), dtype=dtype)
+            _sum_products(((w[i], flat[ph, :, :, off:off + span]) for i, (ph, off) in enumerate(geom.taps)),
+                          y[:, :, :span], tmp)
+            grid = y.reshape((spec.oc, b.nb, rows0) + geom.q[1:])
+            valid = grid[(slice(None), slice(None), slice(0, b.r1 - b.r0)) + inner]
+            dst[b.n0:b.n0 + b.nb, :, b.r0:b.r1] = valid.swapaxes(0, 1)
+    for _ in _run_blocks(work, blocks, worst, workspace_limit):
+        pass
     return dst
 
 
@@ -404,28 +520,36 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
                           workspace_limit: int, rows_target: int) -> np.ndarray:
     geom = geometry(spec)
     g, cg, og, t = spec.groups, spec.icg, spec.ocg, len(geom.taps)
-    blocks = plan(geom, "bwd_weights", algorithm, np.dtype(dtype).itemsize, workspace_limit, rows_target)
+    blocks, worst = _plan(geom, "bwd_weights", algorithm, dtype, workspace_limit, rows_target)
     if algorithm == "im2col":
-        total = np.zeros((g, og, t * cg), dtype=dtype)
-        tmp = np.empty_like(total)
-        for b in blocks:
+        def work(b: Block) -> np.ndarray:
             cols = _src_cols(spec, src, b, dtype)
             rows = b.nb * (b.r1 - b.r0) * _extent(geom, "fwd", "im2col")[1]
             dy = _dst_rows(spec, diff_dst, b, dtype).reshape(g, og, rows)
-            matmul_into(dy, cols.reshape(g, t * cg, rows).swapaxes(1, 2), total, True, tmp)
-        # (G, Og, T, Cg) -> (G, Og, Cg, T) -> (O, Cg, *K)
-        return np.ascontiguousarray(total.reshape(g, og, t, cg).swapaxes(2, 3)).reshape(spec.weights_shape)
-    total = np.zeros((t, g, og, cg), dtype=dtype)
-    tmp = np.empty((g, og, cg), dtype=dtype)
-    for b in blocks:
-        rows0 = _grid_rows(geom, b)
-        flat = _src_grid(geom, src, b, rows0, dtype).reshape(len(geom.phases), g, cg, -1)
-        span = flat.shape[-1] - geom.max_off
-        dy = _dst_grid(geom, diff_dst, b, rows0, b.r0, dtype).reshape(g, og, -1)[:, :, :span]
-        for i, (ph, off) in enumerate(geom.taps):
-            matmul_into(dy, flat[ph, :, :, off:off + span].swapaxes(1, 2), total[i], True, tmp)
-    # (T, G, Og, Cg) -> (G, Og, Cg, T) -> (O, Cg, *K)
-    return np.ascontiguousarray(total.transpose(1, 2, 3, 0)).reshape(spec.weights_shape)
+            part = np.empty((g, og, cg, t), dtype=dtype)
+            matmul_into(dy, cols.reshape(g, cg * t, rows).swapaxes(1, 2), part.reshape(g, og, cg * t), False)
+            return part
+        order = (0, 1, 2, 3)                   # already (G, Og, Cg, T)
+    else:
+        def work(b: Block) -> np.ndarray:
+            rows0 = _grid_rows(geom, b)
+            flat = _src_grid(geom, src, b, rows0, dtype).reshape(len(geom.phases), g, cg, -1)
+            span = flat.shape[-1] - geom.max_off
+            dy = _dst_grid(geom, diff_dst, b, rows0, b.r0, dtype).reshape(g, og, -1)[:, :, :span]
+            part = np.empty((t, g, og, cg), dtype=dtype)
+            for i, (ph, off) in enumerate(geom.taps):
+                matmul_into(dy, flat[ph, :, :, off:off + span].swapaxes(1, 2), part[i], False)
+            return part
+        order = (1, 2, 3, 0)                   # (T, G, Og, Cg) -> (G, Og, Cg, T)
+    total = None
+    for part in _run_blocks(work, blocks, worst, workspace_limit):
+        if total is None:
+            total = part
+        else:
+            total += part
+    if total is None:
+        return np.zeros(spec.weights_shape, dtype=dtype)
+    return np.ascontiguousarray(total.transpose(order)).reshape(spec.weights_shape)
 
 
 def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, *, dtype, algorithm: str,
@@ -433,29 +557,28 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     geom = geometry(spec)
     g, cg, og, t = spec.groups, spec.icg, spec.ocg, len(geom.taps)
     dsrc = np.zeros(spec.src_shape, dtype=dtype)
-    blocks = plan(geom, "bwd_data", algorithm, np.dtype(dtype).itemsize, workspace_limit, rows_target)
+    blocks, worst = _plan(geom, "bwd_data", algorithm, dtype, workspace_limit, rows_target)
     if algorithm == "im2col":
-        w_cols = _weights(spec, weights, (0, 3, 2, 1), dtype).reshape(g, t * cg, og)   # (G, T*Cg, Og)
-        taps = list(itertools.product(*(range(k) for k in spec.kernel)))
-        dsrc_g = dsrc.reshape((spec.mb, g, cg) + spec.src)
-        for b in blocks:
+        w_cols = _weights(spec, weights, (0, 2, 3, 1), dtype).reshape(g, cg * t, og)   # (G, Cg*T, Og)
+
+        def work(b: Block):
             dy = _dst_rows(spec, diff_dst, b, dtype)
             rows = dy[0].size
-            z = np.empty((g, t * cg, rows), dtype=dtype)
+            z = np.empty((g, cg * t, rows), dtype=dtype)
             matmul_into(w_cols, dy.reshape(g, og, rows), z, False)
-            z = z.reshape((g, t, cg, b.nb, b.r1 - b.r0) + spec.dst[1:])
-            y_lo = (b.r0,) + (0,) * (spec.nsp - 1)
-            y_hi = (b.r1,) + spec.dst[1:]
-            for i, tap in enumerate(taps):                         # col2im: scatter-add each tap
-                win = _tap_window(spec, tap, y_lo, y_hi)
-                if win is None:
-                    continue
-                part = z[(slice(None), i, slice(None), slice(None)) + win[0]]       # (G, Cg, nb, ...)
-                dsrc_g[(slice(b.n0, b.n0 + b.nb), slice(None), slice(None)) + win[1]] += np.moveaxis(part, 2, 0)
+            padded = np.zeros((b.nb, spec.ic) + _padded_rows(spec, b), dtype=dtype)
+            _col2im(spec, z.reshape((g, cg) + spec.kernel + (b.nb, b.r1 - b.r0) + spec.dst[1:]), padded)
+            return b, padded
+
+        for b, padded in _run_blocks(work, blocks, worst, workspace_limit):
+            inside = _padded_box(spec, b)
+            if inside is not None:
+                dsrc[(slice(b.n0, b.n0 + b.nb), slice(None)) + inside[1]] += padded[(slice(None), slice(None)) + inside[0]]
         return dsrc
     w = _weights(spec, weights, (3, 0, 2, 1), dtype)                       # (T, G, Cg, Og)
     by_phase = [[i for i, (ph, _) in enumerate(geom.taps) if ph == p] for p in range(len(geom.phases))]
-    for b in blocks:
+
+    def work(b: Block) -> None:
         rows0 = _grid_rows(geom, b)
         lead = 0 if b.whole else geom.max_sh[0]
         dy = _dst_grid(geom, diff_dst, b, rows0, b.r0 - lead, dtype, front=geom.max_off)
@@ -468,12 +591,15 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
         q_hi = (b.r0 + out_rows,) + geom.q[1:]
         res = np.empty((g, cg, span), dtype=dtype)
         tmp = np.empty_like(res)
-        for p, taps in enumerate(by_phase):
+        for p, taps_p in enumerate(by_phase):
             sl = _phase_slices(spec, geom.phases[p], q_lo, q_hi)
             if sl is None:
                 continue
-            pairs = ((w[i], dy[:, :, base - geom.taps[i][1]:base - geom.taps[i][1] + span]) for i in taps)
+            pairs = ((w[i], dy[:, :, base - geom.taps[i][1]:base - geom.taps[i][1] + span]) for i in taps_p)
             _sum_products(pairs, res, tmp)
             grid = res.reshape((spec.ic, b.nb, out_rows) + geom.q[1:])
             dsrc[(slice(b.n0, b.n0 + b.nb), slice(None)) + sl[1]] = grid[(slice(None), slice(None)) + sl[0]].swapaxes(0, 1)
+
+    for _ in _run_blocks(work, blocks, worst, workspace_limit):
+        pass
     return dsrc
