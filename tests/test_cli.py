@@ -19,7 +19,6 @@ import os
 import pty
 import resource
 import select
-import shutil
 import subprocess
 import sys
 from pathlib import Path

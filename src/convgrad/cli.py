@@ -470,6 +470,9 @@ class Runner:
                 self.values[inp.origin] = arr
                 files[j] = path
             if inp.is_shape:
+                if len(inp.shape) != 1 or inp.shape[0] > 8:
+                    raise UsageError(f"{node.label}: input {inp.name} is a shape, so it must be 1-D with at most 8 "
+                                     f"entries, but it is declared {list(inp.shape)}")
                 v = self._value(inp, k, j)
                 if v is None:
                     raise UsageError(f"{node.label}: input {inp.name} is a shape and needs a value: give it with "
@@ -641,7 +644,7 @@ def cmd_translate(args) -> int:
 
 def cmd_explain(args) -> int:
     from .explain import explain, explain_reading
-    from .translate import TranslationRefused, framework_name, read
+    from .translate import OPS, TranslationRefused, framework_name, read
     if args.file is not None:
         if args.framework or args.op:
             raise UsageError("explain takes either FILE or --framework/--op, not both")
@@ -652,6 +655,9 @@ def cmd_explain(args) -> int:
             for inp in node.inputs:
                 if inp.is_shape and inp.load is not None:
                     values[inp.name] = inp.load()
+            if node.op not in OPS[node.framework]:
+                blocks.append(f"{node.label}\nnot covered by explain (it covers {sorted(OPS[node.framework])})")
+                continue
             try:
                 text = explain_reading(read(node.framework, node.op, node.attrs, _reading_shapes(node, values)))
             except TranslationRefused as e:  # a valid op with no canonical form (e.g. a zero-filled tail)
@@ -768,6 +774,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("convgrad: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `convgrad ... | head`: the reader left; stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
     except ConvError as e:
         from .translate import TranslationRefused
         if args.verbose:

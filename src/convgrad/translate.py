@@ -43,7 +43,7 @@ import numpy as np
 
 from .errors import ConvTypeError, ConvValueError
 from .padding import same_pads
-from .spec import MAX_DIM, ConvSpec, check_range, effective_kernel, forward_size, int_list, make_spec
+from .spec import MAX_DIM, ConvSpec, check_range, effective_kernel, int_list, make_spec
 
 __all__ = ["FRAMEWORKS", "OPS", "Reading", "Step", "Tensor", "OpCall", "Translation", "TranslationRefused",
            "framework_name", "read", "translate"]
@@ -720,15 +720,10 @@ def read(framework: str, op: str, attrs: Mapping | None = None, shapes: Mapping 
 # Writers: canonical problem -> framework op (or a refusal)
 
 
-def _roles(direction: str, spec: ConvSpec) -> dict[str, tuple[int, ...]]:
+def _roles(spec: ConvSpec) -> dict[str, tuple[int, ...]]:
+    """Canonical shape of each tensor role."""
     return {"src": spec.src_shape, "weights": spec.weights_shape, "dst": spec.dst_shape,
             "diff_src": spec.src_shape, "diff_dst": spec.dst_shape, "diff_weights": spec.weights_shape}
-
-
-def _io_roles(direction: str) -> tuple[tuple[str, str], str]:
-    """(the two tensor inputs' roles, the output's role) of a direction."""
-    return {"fwd": (("src", "weights"), "dst"), "bwd_weights": (("src", "diff_dst"), "diff_weights"),
-            "bwd_data": (("diff_dst", "weights"), "diff_src")}[direction]
 
 
 def _tf_call(op: str, direction: str, family: str, spec: ConvSpec, fmt: str, attrs: dict) -> OpCall:
@@ -742,7 +737,7 @@ def _tf_call(op: str, direction: str, family: str, spec: ConvSpec, fmt: str, att
     else:
         w_steps = _layout_steps("XIO", nsp)
         w_layout = "HWIO" if nsp == 2 else "DHWIO"
-    r = _roles(direction, spec)
+    r = _roles(spec)
     data = lambda name, role: _tensor(name, role, r[role], fmt, data_steps)  # noqa: E731
     wt = lambda name, role: _tensor(name, role, r[role], w_layout, w_steps)  # noqa: E731
     consts = {}
@@ -758,7 +753,7 @@ def _tf_call(op: str, direction: str, family: str, spec: ConvSpec, fmt: str, att
 
 
 def _ov_call(op: str, direction: str, family: str, spec: ConvSpec, attrs: dict) -> OpCall:
-    r = _roles(direction, spec)
+    r = _roles(spec)
     if family == "group":
         w_steps: tuple[Step, ...] = (Step("reshape", (spec.groups, spec.ocg, spec.icg) + spec.kernel),)
         w_layout = "[G, C_OUT, C_IN, k...]" if direction == "fwd" else "[G, C_IN, C_OUT, k...]"
@@ -776,7 +771,7 @@ def _ov_call(op: str, direction: str, family: str, spec: ConvSpec, attrs: dict) 
 
 
 def _onednn_call(op: str, direction: str, spec: ConvSpec, fmt: str, wfmt: str, attrs: dict) -> OpCall:
-    r = _roles(direction, spec)
+    r = _roles(spec)
     nsp = spec.nsp
     d_steps, w_steps = _layout_steps(fmt, nsp), _layout_steps(wfmt, nsp)
     names = {"fwd": (("src", "weights"), "dst"), "bwd_weights": (("src", "diff_dst"), "diff_weights"),
