@@ -60,6 +60,13 @@ def test_executable_is_installed():
         assert p.returncode == 0, p.stderr
         for word in ("run", "translate", "explain"):
             assert word in p.stdout
+    # `bench` is there exactly when the performance harness convgrad.bench is
+    import importlib.util
+    has_bench = importlib.util.find_spec("convgrad.bench") is not None
+    assert ("bench" in p.stdout.split("COMMAND", 1)[-1]) == has_bench
+    if has_bench:
+        q = cli("bench", "--help")
+        assert q.returncode == 0, q.stderr
 
 
 # ---------------------------------------------------------------------------------------------

@@ -754,11 +754,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--format", choices=("auto", "ir", "json"), default="auto", help="file format")
     e.set_defaults(func=cmd_explain)
 
-    try:
+    import importlib.util
+    if importlib.util.find_spec("convgrad.bench") is not None:  # the performance harness, where installed
         from . import bench
-    except ImportError:
-        bench = None
-    if bench is not None and hasattr(bench, "add_arguments") and hasattr(bench, "run"):
         b = sub.add_parser("bench", parents=[common], help="benchmark convgrad against its peers",
                            description=(bench.__doc__ or "").strip().split("\n")[0] or None)
         bench.add_arguments(b)
