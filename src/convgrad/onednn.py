@@ -37,6 +37,13 @@ choice made here is stated (and repeated in each op's OpDoc notes):
 * ConvolutionBackwardData: ``output_padding`` has no effect (``dst_shape`` fixes the output).
 * Element types f32, bf16, f16 as in the library, plus f64; the result has the inputs'
   type. Half types accumulate in float32 and round once (bias included).
+* Differences from the library, all where it aborts, fails or miscomputes: it cannot compile
+  ConvolutionBackwardData with groups > 1, runs ConvTransposeBackwardData undilated, pads
+  ConvTransposeBackwardWeights' kernel by another same_* rule than its shape inference, and
+  aborts the process on many bad inputs; convgrad computes the first three and raises a
+  ConvError for the rest. It also returns zeros for an empty output (stride 1, input one row
+  short of the dilated kernel), where convgrad requires the padded input to cover the kernel.
+  Any number of spatial axes is accepted (oneDNN documents 1 to 3).
 """
 
 from __future__ import annotations
