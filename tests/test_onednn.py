@@ -815,3 +815,35 @@ def test_validation(name, call, kind, fragment):
     if name != "strides missing":      # Python's own TypeError for a missing keyword
         assert isinstance(info.value, convgrad.ConvError)
     assert fragment in str(info.value)
+
+
+_JSON_LIB = {"Convolution": "convolution", "ConvolutionBackwardData": "conv_bwd_data",
+             "ConvolutionBackwardWeights": "conv_bwd_weights", "ConvTranspose": "conv_transpose",
+             "ConvTransposeBackwardData": "conv_transpose_bwd_data",
+             "ConvTransposeBackwardWeights": "conv_transpose_bwd_weights"}
+
+
+def test_benchdnn_json_values_against_library(oracle):
+    """The same cases (but the 60M-element 3-D one) computed by convgrad and the library, f32."""
+    rng = np.random.default_rng(5)
+    cases, calls = [], []
+    for name, op, attrs, shapes, want in JSON_CASES:
+        if name == "conv_3d":
+            continue
+        ins = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+        kw = {k: v for k, v in attrs.items() if k not in ("dst_shape", "weights_shape")}
+        kw["auto_pad"] = "none"
+        args = list(ins)
+        if op == "ConvolutionBackwardData":
+            args.append(list(want))
+        elif op in ("ConvolutionBackwardWeights", "ConvTransposeBackwardWeights"):
+            args.append(list(want))
+        if op not in ("ConvTranspose", "ConvolutionBackwardData"):
+            kw.pop("output_padding", None)
+        cases.append((name, getattr(od, op)(**attrs)(*ins)))
+        calls.append((_JSON_LIB[op], tuple(args), kw))
+    for (name, got), (status, val) in zip(cases, oracle.run_batch(calls)):
+        assert status == "ok", f"{name}: {val!r}"
+        err = rel_err(got, val)
+        _record(name, "oneDNN", "f32", err)
+        assert err <= TOL["f32"], f"{name}: rel err {err:.3g}"
