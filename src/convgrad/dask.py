@@ -97,6 +97,12 @@ def _bounds(chunks: Sequence[int]) -> list[int]:
     return [0] + list(itertools.accumulate(chunks))
 
 
+def _inner(chunks: Sequence[int]) -> list[int]:
+    """The boundaries between chunks (the ends of the axis are not mapped: rows past the
+    last boundary belong to the last chunk, whatever maps there)."""
+    return _bounds(chunks)[1:-1]
+
+
 def _ranges(bounds: Sequence[int], total: int) -> list[tuple[int, int]]:
     """Consecutive ranges between sorted unique ``bounds`` clipped to [0, total]."""
     b = sorted({0, total} | {min(max(v, 0), total) for v in bounds})
@@ -137,7 +143,7 @@ def forward_dst_ranges(i: int, k: int, s: int, d: int, pb: int, pe: int,
     reads its own rows plus a halo of less than ``ek`` rows after them.
     """
     o = (i + pb + pe - effective_kernel(k, d)) // s + 1
-    return _ranges([-((-(c + pb)) // s) for c in _bounds(src_chunks)], o)
+    return _ranges([-((-(c + pb)) // s) for c in _inner(src_chunks)], o)
 
 
 def data_parts(i: int, k: int, s: int, d: int, pb: int, pe: int,
@@ -163,7 +169,7 @@ def data_parts(i: int, k: int, s: int, d: int, pb: int, pe: int,
     o = (i + pb + pe - ek) // s + 1
     parts = []
     a0 = max(0, (pb - ek) // s + 1)
-    for c, c1 in _ranges([a * s - pb for a in _bounds(dst_chunks) + [a0]], i):
+    for c, c1 in _ranges([a * s - pb for a in _inner(dst_chunks) + [a0]], i):
         j_lo = max(0, (c + pb - ek) // s + 1)
         j_hi = min(o, (c1 - 1 + pb) // s + 1)
         if c1 <= c or j_hi <= j_lo:  # no window reaches these rows: zeros
