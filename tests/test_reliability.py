@@ -31,8 +31,6 @@ def _all(spec, x, w, dy, kw, **extra):
             cg.conv_backward_data(dy, w, spec.src, **kw, **extra))
 
 
-@pytest.mark.xfail(strict=True, reason="OpenBLAS sgemm rounds differently with 1 and 2 threads; "
-                   "the kernels must pin BLAS to 1 thread and parallelise over fixed GEMMs (pending)")
 @pytest.mark.parametrize("alg", ["im2col", "taps"])
 def test_bitwise_run_to_run_and_across_blas_threads(alg):
     spec, x, w, dy, kw = _problem()
