@@ -1,0 +1,185 @@
+"""The benchmark harness: descriptor rules, the problem lists, scaling, each peer's
+benchmark adapter against the float64 reference (so a timed peer computes the same thing
+as convgrad), and one small end-to-end run with worker processes. No timed assertions."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import convgrad as cg
+from convgrad import bench
+from convgrad.kernels import reference as ref
+
+from .helpers import rel_err
+
+LISTS = Path(__file__).resolve().parents[1] / "benchmarks" / "problems"
+
+
+# ---------------------------------------------------------------------------------------
+# Descriptors (expected values worked out by hand from the rules in benchmarks/README.md)
+# ---------------------------------------------------------------------------------------
+
+def test_descriptor_2d_lower_axis_copies_higher():
+    p = bench.parse_descriptor('mb8ic64ih56oc64oh56kh3ph1n"resnet:x*3"')
+    s = p.spec
+    assert (s.mb, s.groups, s.ic, s.oc) == (8, 1, 64, 64)
+    assert s.src == (56, 56) and s.kernel == (3, 3) and s.dst == (56, 56)
+    assert s.pads_begin == (1, 1) and s.pads_end == (1, 1) and s.strides == (1, 1) and s.dilations == (1, 1)
+    assert p.name == "resnet:x*3" and p.repeats == 3
+
+
+def test_descriptor_front_pad_from_output_and_asymmetric_back_pad():
+    # oh given, ph missing: ph = ((112-1)*2 - 224 + 7) // 2 = 2; back = 222 - 224 + 7 - 2 = 3
+    s = bench.parse_descriptor("ic3ih224oc64oh112kh7sh2").spec
+    assert s.mb == 2 and s.pads_begin == (2, 2) and s.pads_end == (3, 3) and s.dst == (112, 112)
+
+
+def test_descriptor_negative_back_pad_means_unread_rows():
+    # back = (3-1)*3 - 11 + 3 - 0 = -2: floor((11 + 0 + 0 - 3) / 3) + 1 = 3 still
+    s = bench.parse_descriptor("mb1ic4iw11oc4ow3kw3sw3pw0").spec
+    assert s.nsp == 1 and s.pads_end == (0,) and s.dst == (3,)
+
+
+def test_descriptor_dilation_counts_from_zero_and_3d_copies():
+    s = bench.parse_descriptor("ic2ih9oc2kh3dh1").spec
+    assert s.dilations == (2, 2) and s.dst == (5, 5)                     # ek = 5, (9 - 5) + 1
+    s = bench.parse_descriptor("ic2id8ih6oc3kd3kh2").spec
+    assert s.src == (8, 6, 6) and s.kernel == (3, 2, 2) and s.dst == (6, 5, 5)
+    s = bench.parse_descriptor("--dir=BWD_W mb2_g2ic4_oc6_iw5kw3").spec
+    assert s.groups == 2 and s.nsp == 1 and s.dst == (3,)
+
+
+@pytest.mark.parametrize("text,fragment", [
+    ("mb2ic4oc6kh3", "input size"),
+    ("mb2ic4ih5oc6kh3xx1", "benchdnn entries"),
+    ("ic1ih10oc1oh3kh3", "front padding must be non-negative"),
+    ("ic1iw10oc1ow3kw3sw2pw0", "output size"),
+    ("mb2ih5oc6kh3", "ic must be given"),
+    ("mb2mb3ic1ih5oc6kh3", "must appear once"),
+])
+def test_descriptor_errors(text, fragment):
+    with pytest.raises(cg.ConvValueError, match=fragment):
+        bench.parse_descriptor(text)
+
+
+@pytest.mark.parametrize("name", bench.DEFAULT_LISTS)
+def test_lists_parse_with_provenance(name):
+    path = LISTS / name
+    text = path.read_text()
+    assert text.startswith("# Provenance:")
+    problems = bench.read_problems(path)
+    lines = [ln.split("#", 1)[0].strip() for ln in text.splitlines()]
+    assert len(problems) == sum(1 for ln in lines if ln) > 0
+    for p in problems:
+        assert p.spec.flops > 0 and p.list_name == name
+
+
+def test_scaling_keeps_the_layer_and_fits_the_budget():
+    for name in bench.DEFAULT_LISTS:
+        for p in bench.read_problems(LISTS / name):
+            q = bench.scale_problem(p, 2.0)
+            s, t = p.spec, q.spec
+            assert (t.ic, t.oc, t.groups, t.kernel, t.strides, t.dilations) == \
+                   (s.ic, s.oc, s.groups, s.kernel, s.strides, s.dilations)
+            assert t.flops <= 2e9 or (t.mb == 1 and t.flops <= 2.5e9)
+            assert (q.scaled == "") == (s.flops <= 2e9)
+
+
+# ---------------------------------------------------------------------------------------
+# Each library's benchmark adapter computes the same thing (float64 reference, float32)
+# ---------------------------------------------------------------------------------------
+
+ADAPTER_CASES = [
+    'g1mb2ic3ih9iw7oc5kh3kw2sh2sw1ph1pw0dh1n"strided_dilated"',
+    'g1mb2ic3ih9iw8oc5kh3kw2sh2sw1ph2pw0n"asymmetric_pads"',
+    'g2mb2ic4ih8iw7oc6kh3kw2ph1n"grouped"',
+    'g4mb1ic4ih8iw9oc8kh3kw2sh2sw2ph1pw1n"depthwise_x2"',
+    'mb2ic3iw20oc4kw3sw2pw1n"1d"',
+    'mb1ic2id5ih6iw4oc3kd2kh3kw2pd1ph0pw1n"3d"',
+    'mb1ic1iw600oc9ow8kw128sw64pw0n"istft_like"',
+]
+# Kernels the peers lack on CPU (measured): every other combination must run.
+UNSUPPORTED = {
+    ("tensorflow", "strided_dilated", "bwd_weights"), ("tensorflow", "strided_dilated", "bwd_data"),
+    ("tensorflow", "grouped", "bwd_weights"), ("tensorflow", "grouped", "bwd_data"),
+}
+
+
+@pytest.fixture(scope="module")
+def adapter_results():
+    """{(library, case, direction): relative error or 'unsupported'}."""
+    want, out = {}, {}
+    for text in ADAPTER_CASES:
+        p = bench.parse_descriptor(text)
+        x, w, dy = bench.make_inputs(p.spec, 0)
+        f = lambda a: a.astype(np.float64)
+        want[p.name] = (p, (x, w, dy), {
+            "bwd_weights": ref.conv_backward_weights(p.spec, f(x), f(dy)),
+            "bwd_data": ref.conv_backward_data(p.spec, f(dy), f(w)),
+            "fwd": ref.conv_forward(p.spec, f(x), f(w))})
+    for lib in bench.LIBRARIES:
+        adapter = bench.ADAPTERS[lib](1)          # a missing framework fails here, never skips
+        for name, (p, inputs, wants) in want.items():
+            for d in bench.DIRECTIONS:
+                if lib == "openvino" and d == "bwd_weights":
+                    with pytest.raises(bench.Unsupported):
+                        adapter.prepare(p.spec, d, *inputs)
+                    continue
+                try:
+                    call, conv = adapter.prepare(p.spec, d, *inputs)
+                    got = conv(call())
+                except Exception:  # noqa: BLE001
+                    out[(lib, name, d)] = "unsupported"
+                    continue
+                out[(lib, name, d)] = rel_err(got, wants[d])
+    return out
+
+
+@pytest.mark.parametrize("lib", bench.LIBRARIES)
+def test_adapter_matches_reference(adapter_results, lib):
+    mine = {k: v for k, v in adapter_results.items() if k[0] == lib}
+    assert mine
+    unsupported = {k for k, v in mine.items() if v == "unsupported"}
+    assert unsupported == {k for k in UNSUPPORTED if k[0] == lib}
+    worst = max(v for v in mine.values() if v != "unsupported")
+    assert worst <= 1e-5, (lib, worst)
+
+
+# ---------------------------------------------------------------------------------------
+# End to end: worker processes, alternating turns, reports
+# ---------------------------------------------------------------------------------------
+
+def test_end_to_end_run(tmp_path):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--lists", "--problem", 'mb2ic4ih10oc6kh3ph1n"tiny"', "--problem",
+                              'g3mb1ic6iw30oc6kw3sw2pw1n"tiny_dw"', "--libraries", "convgrad,torch",
+                              "--rounds", "2", "--reps", "2", "--threads", "1", "--pause", "0",
+                              "--out", str(tmp_path), "--quiet"])
+    assert bench.run(args) == 0
+    rows = list(csv.DictReader(open(tmp_path / "results.csv")))
+    assert {r["library"] for r in rows} == {"convgrad", "torch"}
+    assert len(rows) == 2 * 3 * 2
+    for r in rows:
+        assert int(r["samples"]) == 4                       # 2 rounds x 2 timed calls
+        assert float(r["median_ms"]) > 0
+        if r["library"] == "torch":
+            assert float(r["check_rel_diff"]) < 1e-4
+        else:
+            assert int(r["peak_bytes"]) > 0 and float(r["ratio_to_best_peer"]) > 0
+    assert (tmp_path / "chart.png").stat().st_size > 0
+    assert "tiny_dw" in (tmp_path / "results.md").read_text()
+
+
+def test_bad_arguments_are_clear_errors(tmp_path):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    with pytest.raises(cg.ConvValueError, match="--libraries"):
+        bench.run(parser.parse_args(["--libraries", "numpy", "--out", str(tmp_path)]))
+    with pytest.raises(cg.ConvValueError, match="--lists"):
+        bench.run(parser.parse_args(["--lists", "no_such_list", "--out", str(tmp_path)]))
