@@ -21,7 +21,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterable, Iterator, Sequence, TypeVar
 
-from threadpoolctl import ThreadpoolController
+from threadpoolctl import OpenBLASController, ThreadpoolController
 
 from .errors import ConvTypeError, ConvValueError
 
@@ -31,11 +31,6 @@ R = TypeVar("R")
 _lock = threading.Lock()
 _controller: ThreadpoolController | None = None
 _num_threads: int | None = None
-# Concurrent calls (a Dask threaded scheduler, user threads) share one pin: the first
-# entrant saves the caller's BLAS thread count and pins it to 1, the last one restores it.
-_pins = 0
-_limiter = None
-_saved_threads = 1
 
 
 def _blas():
@@ -57,40 +52,90 @@ def set_num_threads(n: int | None) -> None:
     _num_threads = n
 
 
-def _blas_threads(blas) -> int:
-    counts = [info.get("num_threads") or 1 for info in blas.info()]
+def _blas_threads() -> int:
+    counts = [info.get("num_threads") or 1 for info in _blas().info()]
     return max(counts) if counts else (os.cpu_count() or 1)
+
+
+class _Pin:
+    """Process-wide, reference-counted "BLAS on one thread while any call runs".
+
+    Concurrent calls (user threads, a Dask threaded scheduler) share one pin: the first
+    entrant saves the caller's BLAS thread count and pins it to 1, the last one restores
+    it. threadpoolctl (>= 3.7) lets only one Python thread, the "controlling thread",
+    change OpenBLAS's process-wide limit and silently ignores the others, so every change
+    is made by one dedicated thread that takes control first and gives it back after
+    restoring (the limit itself is process-wide, whoever sets it).
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:  # also in a forked child: the parent's threads are gone
+        self.lock = threading.Lock()
+        self.active = 0
+        self.saved = 1
+        self.limiter = None
+        self.control: ThreadPoolExecutor | None = None
+
+    def _in_control_thread(self, fn: Callable[[], None]) -> None:
+        if self.control is None:
+            self.control = ThreadPoolExecutor(1, thread_name_prefix="convgrad-blas-limit")
+        self.control.submit(fn).result()
+
+    @staticmethod
+    def _release_control(force: bool) -> None:
+        clear = getattr(OpenBLASController, "clear_controlling_thread", None)
+        if clear is not None:  # threadpoolctl < 3.7 has no controlling thread
+            clear(force=force)
+
+    def _limit(self) -> None:
+        self._release_control(force=True)
+        self.limiter = _blas().limit(limits=1)
+
+    def _restore(self) -> None:
+        self.limiter.restore_original_limits()
+        self.limiter = None
+        self._release_control(force=False)
+
+    def enter(self) -> int:
+        with self.lock:
+            if self.active == 0:
+                self.saved = _blas_threads()
+                if self.saved > 1:
+                    self._in_control_thread(self._limit)
+            self.active += 1
+            return self.saved
+
+    def exit(self) -> None:
+        with self.lock:
+            self.active -= 1
+            if self.active == 0 and self.limiter is not None:
+                self._in_control_thread(self._restore)
+
+
+_PIN = _Pin()
+os.register_at_fork(after_in_child=_PIN.reset)
 
 
 def get_num_threads() -> int:
     """Worker threads a call uses now (outside a call: what the next call would use)."""
     if _num_threads is not None:
         return _num_threads
-    with _lock:
-        if _pins:
-            return _saved_threads
-    return _blas_threads(_blas())
+    with _PIN.lock:
+        if _PIN.active:
+            return _PIN.saved
+    return _blas_threads()
 
 
 @contextlib.contextmanager
 def pinned_blas() -> Iterator[int]:
     """BLAS at one thread inside; yields the number of worker threads to use instead."""
-    global _pins, _limiter, _saved_threads
-    blas = _blas()
-    with _lock:
-        if _pins == 0:
-            _saved_threads = _blas_threads(blas)
-            _limiter = blas.limit(limits=1) if blas.info() else None
-        _pins += 1
-        n = _num_threads if _num_threads is not None else _saved_threads
+    saved = _PIN.enter()
     try:
-        yield n
+        yield _num_threads if _num_threads is not None else saved
     finally:
-        with _lock:
-            _pins -= 1
-            if _pins == 0 and _limiter is not None:
-                _limiter.restore_original_limits()
-                _limiter = None
+        _PIN.exit()
 
 
 def ordered_map(fn: Callable[[T], R], items: Sequence[T], workers: int) -> Iterable[R]:
