@@ -85,3 +85,20 @@ def test_huge_logical_input_is_refused_before_allocating():
     huge = np.broadcast_to(np.zeros((1,), np.float32), (1, 1, 2 ** 36))
     with pytest.raises(cg.ConvValueError, match="must fit in memory"):
         cg.conv_forward(huge, np.ones((1, 1, 1), np.float32))
+
+
+def test_bitwise_from_another_thread_while_main_controls_blas():
+    """threadpoolctl lets one 'controlling' thread set BLAS limits; a call from another
+    thread must still pin BLAS (else its GEMMs round as 2-thread OpenBLAS does)."""
+    import threading
+
+    spec, x, w, dy, kw = _problem(3)
+    with threadpool_limits(limits=1, user_api="blas"):      # main thread takes control
+        want = _all(spec, x, w, dy, kw)
+    got = {}
+    with threadpool_limits(limits=2, user_api="blas"):
+        t = threading.Thread(target=lambda: got.setdefault("r", _all(spec, x, w, dy, kw)))
+        t.start()
+        t.join()
+    for a, b in zip(want, got["r"]):
+        np.testing.assert_array_equal(a, b)
