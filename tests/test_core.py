@@ -355,3 +355,73 @@ def test_fast_matches_reference_sweep():
             continue
         _check_all(_spec(int(rng.integers(0, 4)), g * cgi, g * cgo, g, src, k, s, d, pb, pe), rng)
         done += 1
+
+
+# ---------------------------------------------------------------------------------------
+# Performance lowerings (kernels/gemm.py, kernels/blas.py): added with issue 3
+# ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case", [
+    # ISTFT-like: kernel 16, stride 4 -> col2im loops over 4 window classes instead of 16 taps
+    ("window_classes_1d", 1, 2, 3, 1, (70,), (16,), (4,), (1,), (3,), (2,)),
+    # a 1x?x1 output from a kernel as large as the input (a transposed conv from a latent)
+    ("latent_3d", 2, 3, 4, 1, (6, 6, 6), (6, 5, 6), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)),
+    # depthwise with multiplier 3 and stride 2 (element-wise products in taps)
+    ("depthwise_mult3", 2, 4, 12, 4, (9, 8), (3, 3), (2, 2), (1, 1), (1, 1), (0, 1)),
+    # class loop on one axis, tap loop on the other, dilation on the class axis
+    ("mixed_loops", 1, 2, 2, 1, (40, 9), (12, 3), (3, 1), (1, 2), (2, 1), (0, 2)),
+], ids=lambda c: c[0])
+def test_perf_lowerings_match_reference(case):
+    name, n, ic, oc, g, src, k, s, d, pb, pe = case
+    _check_all(_spec(n, ic, oc, g, src, k, s, d, pb, pe), np.random.default_rng(len(name) + 100))
+
+
+def test_bitwise_identical_across_thread_counts(monkeypatch):
+    """Blocks run on a pool with BLAS pinned to one thread: 1 and 2 threads agree bitwise."""
+    import threadpoolctl
+    monkeypatch.setattr(dispatch, "ROWS_TARGET", 64)
+    rng = np.random.default_rng(21)
+    spec = _spec(5, 6, 8, 2, (17, 13), (3, 2), (2, 1), (1, 2), (1, 0), (2, 1))
+    x = rng.standard_normal(spec.src_shape).astype(np.float32)
+    w = rng.standard_normal(spec.weights_shape).astype(np.float32)
+    dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
+    results = []
+    for n in (1, 2):
+        with threadpoolctl.threadpool_limits(n, user_api="blas"):
+            for alg in FAST:
+                results.append((n, alg, cg.conv_forward(x, w, algorithm=alg, **_kw(spec)),
+                                cg.conv_backward_weights(x, dy, spec.kernel, algorithm=alg, **_kw(spec)),
+                                cg.conv_backward_data(dy, w, spec.src, algorithm=alg, **_kw(spec))))
+    for a, b in zip(results[:2], results[2:]):
+        for u, v in zip(a[2:], b[2:]):
+            np.testing.assert_array_equal(u, v)
+
+
+def test_numpy_path_without_cblas(monkeypatch):
+    """Without the direct BLAS call (other BLAS builds) the NumPy path gives the same result."""
+    from convgrad.kernels import blas
+    rng = np.random.default_rng(22)
+    spec = _spec(2, 4, 6, 1, (12, 11), (3, 2), (1, 2), (1, 1), (1, 0), (1, 1))
+    x = rng.standard_normal(spec.src_shape).astype(np.float32)
+    w = rng.standard_normal(spec.weights_shape).astype(np.float32)
+    dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
+    run = lambda alg: (cg.conv_forward(x, w, algorithm=alg, **_kw(spec)),
+                       cg.conv_backward_weights(x, dy, spec.kernel, algorithm=alg, **_kw(spec)),
+                       cg.conv_backward_data(dy, w, spec.src, algorithm=alg, **_kw(spec)))
+    with_blas = [run(alg) for alg in FAST]
+    monkeypatch.setattr(blas, "_FOUND", {})
+    for got, want in zip([run(alg) for alg in FAST], with_blas):
+        for a, b in zip(got, want):
+            assert rel_err(a, b) <= 1e-6
+
+
+def test_estimate_cost_prefers_the_cheaper_lowering():
+    """The cost model's ordering on shapes where one lowering clearly wins."""
+    small_image = _spec(32, 512, 512, 1, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    first_layer = _spec(8, 3, 64, 1, (224, 224), (7, 7), (2, 2), (1, 1), (3, 3), (2, 2))
+    depthwise = _spec(8, 144, 144, 144, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    for d in ("fwd", "bwd_weights"):
+        assert cg.choose_algorithm(small_image, d) == "im2col"
+        assert cg.choose_algorithm(first_layer, d) == "im2col"
+    assert cg.choose_algorithm(depthwise, "bwd_data") == "taps"
+    assert cg.choose_algorithm(depthwise, "bwd_weights") == "taps"
