@@ -20,6 +20,18 @@ from .threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
 
+# Front-ends and optional layers load on first use: ``convgrad.onednn.Convolution`` works
+# after a plain ``import convgrad`` without paying for every module at import time.
+_SUBMODULES = ("onednn", "openvino", "tensorflow", "dask", "translate", "bench", "cli")
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'convgrad' has no attribute {name!r}")
+
 __all__ = [
     "ALGORITHMS", "DEFAULT_WORKSPACE_LIMIT", "ConvError", "ConvSpec", "ConvTypeError", "ConvValueError",
     "WorkspaceError", "choose_algorithm", "conv_backward_data", "conv_backward_weights", "conv_forward",
