@@ -60,13 +60,20 @@ def test_executable_is_installed():
         assert p.returncode == 0, p.stderr
         for word in ("run", "translate", "explain"):
             assert word in p.stdout
-    # `bench` is there exactly when the performance harness convgrad.bench is
-    import importlib.util
-    has_bench = importlib.util.find_spec("convgrad.bench") is not None
-    assert ("bench" in p.stdout.split("COMMAND", 1)[-1]) == has_bench
-    if has_bench:
-        q = cli("bench", "--help")
-        assert q.returncode == 0, q.stderr
+        assert "bench" in p.stdout
+    q = cli("bench", "--help")
+    assert q.returncode == 0 and "--libraries" in q.stdout, q.stderr
+    user_error(cli("bench", "--rounds", "many"), "--rounds")
+
+
+@pytest.mark.slow
+def test_bench_command_runs(tmp_path):
+    p = cli("bench", "--lists", "--problem", "mb2ic3ih9oc4oh5kh3sh2ph1", "--libraries", "convgrad", "--directions",
+            "bwd_weights", "--rounds", "1", "--reps", "1", "--warmup", "0", "--pause", "0", "--out", tmp_path,
+            "--quiet", timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = (tmp_path / "results.csv").read_text().splitlines()
+    assert len(rows) == 2 and "g1mb2ic3ih9" in rows[1] and ",bwd_weights," in rows[1]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ translate an op between frameworks, explain its shape inference.
         --attrs '{"strides": [1, 2, 2, 1], "padding": "SAME"}' \\
         --input-shape 1,7,7,3 --filter-shape 3,3,3,4 --to openvino
     convgrad explain examples/ov_group_deconv_2d.xml
+    convgrad bench --lists resnet_50 --libraries convgrad,torch    (see convgrad.bench)
 
 Exit status: 0 success; 1 a computed shape differs from the one the file declares; 2 a user
 mistake (missing or malformed file, unsupported layer, bad attribute), reported in one line
@@ -754,13 +755,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--format", choices=("auto", "ir", "json"), default="auto", help="file format")
     e.set_defaults(func=cmd_explain)
 
-    import importlib.util
-    if importlib.util.find_spec("convgrad.bench") is not None:  # the performance harness, where installed
-        from . import bench
-        b = sub.add_parser("bench", parents=[common], help="benchmark convgrad against its peers",
-                           description=(bench.__doc__ or "").strip().split("\n")[0] or None)
-        bench.add_arguments(b)
-        b.set_defaults(func=bench.run)
+    from . import bench  # the performance harness (its own module; light to import)
+    b = sub.add_parser("bench", parents=[common], help="time convgrad against PyTorch, TensorFlow, OpenVINO, JAX",
+                       description=(bench.__doc__ or "").strip().split("\n")[0] or None)
+    bench.add_arguments(b)
+    b.set_defaults(func=bench.run)
     return p
 
 
