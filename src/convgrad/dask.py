@@ -377,6 +377,25 @@ def _whole(x) -> list[tuple[int, int]]:
     return [(0, n) for n in x.shape]
 
 
+def _blocks(batch: Sequence[tuple[int, int]], axes: Sequence[Sequence[Part]]):
+    """Every result chunk in C order: (block index over batch and spatial axes, batch rows,
+    its Part on each spatial axis, whether it reads nothing and is zero)."""
+    for (nb, rows), combo in itertools.product(enumerate(batch), itertools.product(*map(enumerate, axes))):
+        parts = [p for _, p in combo]
+        yield (nb,) + tuple(m for m, _ in combo), rows, parts, rows[1] == rows[0] or any(p.empty for p in parts)
+
+
+def _sizes(parts: Sequence[Part]) -> tuple[int, ...]:
+    return tuple(p.out[1] - p.out[0] for p in parts)
+
+
+def _chunk_call(fn: Callable, spec: ConvSpec, parts: Sequence[Part], algorithm: str, limit: int, **fixed):
+    """The canonical function ``fn`` with the chunk's own pads and everything else global."""
+    return functools.partial(fn, strides=spec.strides, dilations=spec.dilations, groups=spec.groups,
+                             pads_begin=tuple(p.pads[0] for p in parts), pads_end=tuple(p.pads[1] for p in parts),
+                             algorithm=algorithm, workspace_limit=limit, **fixed)
+
+
 def _one_block(w):
     """Weights as one block: every chunk task needs all of them."""
     return w if all(len(c) == 1 for c in w.chunks) else w.rechunk(w.shape)
@@ -415,24 +434,17 @@ def conv_forward(src, weights, *, strides=1, pads_begin=0, pads_end=0, dilations
     g = _Graph("convgrad-forward-" + tokenize(src, weights, spec, algorithm, limit))
     w_keys, w_region = g.gather(weights, _whole(weights), ("w",))
     batch = _ranges(_bounds(src.chunks[0]), spec.mb)
-    for (nb, (n0, n1)), combo in itertools.product(enumerate(batch), itertools.product(*map(enumerate, axes))):
-        idx = (nb, 0) + tuple(m for m, _ in combo)
-        parts = [p for _, p in combo]
-        shape = (n1 - n0, spec.oc) + tuple(p.out[1] - p.out[0] for p in parts)
-        if any(p.empty for p in parts) or n1 == n0:
+    for idx, (n0, n1), parts, zero in _blocks(batch, axes):
+        idx = idx[:1] + (0,) + idx[1:]
+        shape = (n1 - n0, spec.oc) + _sizes(parts)
+        if zero:
             chunk, a_keys, b_keys = _Chunk(None, shape, dt, None), [], []
         else:
-            box = [(n0, n1), (0, spec.ic)] + [p.reads for p in parts]
-            a_keys, a_region = g.gather(src, box, idx)
-            b_keys = w_keys
-            call = functools.partial(ops.conv_forward, strides=spec.strides, dilations=spec.dilations,
-                                     groups=spec.groups, pads_begin=tuple(p.pads[0] for p in parts),
-                                     pads_end=tuple(p.pads[1] for p in parts), algorithm=algorithm,
-                                     workspace_limit=limit)
-            chunk = _Chunk(call, shape, dt, (a_region, w_region))
+            a_keys, a_region = g.gather(src, [(n0, n1), (0, spec.ic)] + [p.reads for p in parts], idx)
+            call = _chunk_call(ops.conv_forward, spec, parts, algorithm, limit)
+            chunk, b_keys = _Chunk(call, shape, dt, (a_region, w_region)), w_keys
         g.dsk[(g.name,) + idx] = (_run_chunk, chunk, a_keys, b_keys)
-    chunks = (tuple(b - a for a, b in batch), (spec.oc,)) + tuple(
-        tuple(p.out[1] - p.out[0] for p in parts) for parts in axes)
+    chunks = (tuple(b - a for a, b in batch), (spec.oc,)) + tuple(_sizes(parts) for parts in axes)
     return g.array(chunks, dt, [src, weights])
 
 
@@ -471,25 +483,17 @@ def conv_backward_data(diff_dst, weights, src_spatial, *, strides=1, pads_begin=
     g = _Graph("convgrad-backward-data-" + tokenize(diff_dst, weights, spec, algorithm, limit))
     w_keys, w_region = g.gather(weights, _whole(weights), ("w",))
     batch = _ranges(_bounds(diff_dst.chunks[0]), spec.mb)
-    for (nb, (n0, n1)), combo in itertools.product(enumerate(batch), itertools.product(*map(enumerate, axes))):
-        idx = (nb, 0) + tuple(m for m, _ in combo)
-        parts = [p for _, p in combo]
-        shape = (n1 - n0, spec.ic) + tuple(p.out[1] - p.out[0] for p in parts)
-        if any(p.empty for p in parts) or n1 == n0:
+    for idx, (n0, n1), parts, zero in _blocks(batch, axes):
+        idx = idx[:1] + (0,) + idx[1:]
+        shape = (n1 - n0, spec.ic) + _sizes(parts)
+        if zero:
             chunk, a_keys, b_keys = _Chunk(None, shape, dt, None), [], []
         else:
-            box = [(n0, n1), (0, spec.oc)] + [p.reads for p in parts]
-            a_keys, a_region = g.gather(diff_dst, box, idx)
-            b_keys = w_keys
-            call = functools.partial(ops.conv_backward_data, src_spatial=tuple(shape[2:]),
-                                     strides=spec.strides, dilations=spec.dilations, groups=spec.groups,
-                                     pads_begin=tuple(p.pads[0] for p in parts),
-                                     pads_end=tuple(p.pads[1] for p in parts), algorithm=algorithm,
-                                     workspace_limit=limit)
-            chunk = _Chunk(call, shape, dt, (a_region, w_region))
+            a_keys, a_region = g.gather(diff_dst, [(n0, n1), (0, spec.oc)] + [p.reads for p in parts], idx)
+            call = _chunk_call(ops.conv_backward_data, spec, parts, algorithm, limit, src_spatial=shape[2:])
+            chunk, b_keys = _Chunk(call, shape, dt, (a_region, w_region)), w_keys
         g.dsk[(g.name,) + idx] = (_run_chunk, chunk, a_keys, b_keys)
-    chunks = (tuple(b - a for a, b in batch), (spec.ic,)) + tuple(
-        tuple(p.out[1] - p.out[0] for p in parts) for parts in axes)
+    chunks = (tuple(b - a for a, b in batch), (spec.ic,)) + tuple(_sizes(parts) for parts in axes)
     return g.array(chunks, dt, [diff_dst, weights])
 
 
@@ -523,19 +527,13 @@ def conv_backward_weights(src, diff_dst, kernel, *, strides=1, pads_begin=0, pad
     g = _Graph("convgrad-backward-weights-" + tokenize(src, diff_dst, spec, algorithm, limit))
     batch = _ranges(_bounds(diff_dst.chunks[0]), spec.mb)
     level = []
-    for (nb, (n0, n1)), combo in itertools.product(enumerate(batch), itertools.product(*map(enumerate, axes))):
-        idx = (nb,) + tuple(m for m, _ in combo)
-        parts = [p for _, p in combo]
-        if any(p.empty for p in parts) or n1 == n0:
+    for idx, (n0, n1), parts, zero in _blocks(batch, axes):
+        if zero:
             chunk, a_keys, b_keys = _Chunk(None, spec.weights_shape, acc, None), [], []
         else:
             a_keys, a_region = g.gather(src, [(n0, n1), (0, spec.ic)] + [p.reads for p in parts], ("s",) + idx)
             b_keys, b_region = g.gather(diff_dst, [(n0, n1), (0, spec.oc)] + [p.out for p in parts], ("d",) + idx)
-            call = functools.partial(ops.conv_backward_weights, kernel=spec.kernel, strides=spec.strides,
-                                     dilations=spec.dilations, groups=spec.groups,
-                                     pads_begin=tuple(p.pads[0] for p in parts),
-                                     pads_end=tuple(p.pads[1] for p in parts), algorithm=algorithm,
-                                     workspace_limit=limit)
+            call = _chunk_call(ops.conv_backward_weights, spec, parts, algorithm, limit, kernel=spec.kernel)
             chunk = _Chunk(call, spec.weights_shape, acc, (a_region, b_region), cast=acc)
         key = (f"{g.name}-partial",) + idx
         g.dsk[key] = (_run_chunk, chunk, a_keys, b_keys)
