@@ -345,8 +345,9 @@ def Conv3DBackpropInputV2(*, input_sizes, filter, out_backprop, strides, padding
 # ---------------------------------------------------------------------------------------------
 # Op documentation (docs/ops.md is generated from these records)
 
-_CHECKED = ("TensorFlow 2.21 CPU (oneDNN kernels forced on) where TensorFlow has a CPU kernel for the case; "
-            "PyTorch 2.13 convolution_backward (float64) elsewhere; adjoint identities through the public ops")
+_CHECKED = ("TensorFlow 2.21 CPU (oneDNN kernels on) wherever it has a correct CPU kernel for the case (the V1/V2 "
+            "twin op where this op has none); PyTorch 2.13 float64 on every case; adjoint identities through the "
+            "public ops")
 
 
 def _attrs(nsp: int, *, explicit: bool, cudnn: bool, data_format: bool = True) -> tuple[Attr, ...]:
