@@ -87,20 +87,22 @@ def geometry(spec: ConvSpec) -> PhaseGeometry:
     q = tuple(o + m for o, m in zip(spec.dst, max_sh))
     residues = [sorted({(kk * dd) % ss for kk in range(ks)}) for ks, dd, ss in zip(k, d, s)]
     phases = tuple(itertools.product(*residues))
-    index = {p: i for i, p in enumerate(phases)}
     strides = []
     acc = 1
     for extent in reversed(q[1:]):
         strides.append(acc)
         acc *= extent
     row_strides = (acc,) + tuple(reversed(strides))
-    taps = []
-    for tap in itertools.product(*(range(ks) for ks in k)):
-        r = tuple((kk * dd) % ss for kk, dd, ss in zip(tap, d, s))
-        off = sum(((kk * dd) // ss) * st for kk, dd, ss, st in zip(tap, d, s, row_strides))
-        taps.append((index[r], off))
+    # Per tap (row-major over the kernel), vectorised: k*d = sh*s + r per axis; the phase
+    # is the row-major index of r among the stored residues, the offset is sh . strides.
+    kd = np.indices(k, dtype=np.int64).reshape(len(k), -1) * np.array(d, dtype=np.int64)[:, None]
+    sv = np.array(s, dtype=np.int64)[:, None]
+    pos = np.stack([np.searchsorted(np.array(res), row) for res, row in zip(residues, kd % sv)])
+    phase = np.ravel_multi_index(tuple(pos), tuple(len(r) for r in residues)) if len(k) else np.zeros(1, np.int64)
+    off = (np.array(row_strides, dtype=np.int64)[:, None] * (kd // sv)).sum(axis=0)
+    taps = tuple(zip(phase.tolist(), off.tolist()))
     max_off = sum(m * st for m, st in zip(max_sh, row_strides))
-    return PhaseGeometry(spec, max_sh, q, phases, tuple(taps), row_strides, max_off)
+    return PhaseGeometry(spec, max_sh, q, phases, taps, row_strides, max_off)
 
 
 # ---------------------------------------------------------------------------------------
@@ -176,8 +178,8 @@ def workspace_bytes(geom: PhaseGeometry, direction: str, algorithm: str, b: Bloc
     if algorithm == "im2col":
         rows = b.nb * (b.r1 - b.r0) * _extent(geom, direction, algorithm)[1]
         cols = t * c * rows
-        if direction == "bwd_weights":
-            elems = cols + 2 * o * rows + 3 * weights
+        if direction == "bwd_weights":            # the first block's partial becomes the result
+            elems = cols + o * rows + weights
         else:
             elems = cols + 2 * o * rows + rows * c + 2 * weights
     else:
@@ -185,7 +187,7 @@ def workspace_bytes(geom: PhaseGeometry, direction: str, algorithm: str, b: Bloc
         if direction == "fwd":
             elems = len(geom.phases) * rows * c + 2 * rows * o + 2 * weights
         elif direction == "bwd_weights":
-            elems = len(geom.phases) * rows * c + rows * o + 3 * weights
+            elems = len(geom.phases) * rows * c + rows * o + weights
         else:
             elems = (geom.max_off + rows) * o + 2 * rows * c + 2 * weights
     return int(elems) * itemsize
@@ -334,9 +336,17 @@ def _windows(spec: ConvSpec, padded: np.ndarray) -> np.ndarray:
              + tuple(slice(None, None, d) for d in spec.dilations)]
 
 
+def _rows_major(spec: ConvSpec, b: Block) -> bool:
+    """Column matrices are stored rows-major, (rows, G, K), when the kernel's innermost
+    axis is longer than the block's innermost output axis (huge kernels, tiny outputs: the
+    copies then run along kernel rows), else K-major, (G, K, rows)."""
+    inner = (b.r1 - b.r0) if spec.nsp == 1 else spec.dst[-1]
+    return spec.kernel[-1] > inner
+
+
 def _src_cols(spec: ConvSpec, src: np.ndarray, b: Block, dtype) -> np.ndarray:
-    """Exact column matrix of a block, (G, Cg, *kernel, nb, r1 - r0, *dst[1:]): one copy
-    of the padded block's windows (sliding-window view), no loop over taps."""
+    """Exact column matrix of a block as a (G, Cg * T, rows) view: one copy of the padded
+    block's windows (sliding-window view), no loop over taps."""
     padded = np.empty((b.nb, spec.ic) + _padded_rows(spec, b), dtype=dtype)
     inside = _padded_box(spec, b)
     if inside is None:
@@ -346,11 +356,19 @@ def _src_cols(spec: ConvSpec, src: np.ndarray, b: Block, dtype) -> np.ndarray:
         padded[(slice(None), slice(None)) + inside[0]] = src[(slice(b.n0, b.n0 + b.nb), slice(None)) + inside[1]]
     win = _windows(spec, padded)                                  # (nb, C, *dst_b, *k)
     win = win.reshape((b.nb, spec.groups, spec.icg) + win.shape[2:])
-    nsp = spec.nsp
-    order = (1, 2) + tuple(range(3 + nsp, 3 + 2 * nsp)) + (0,) + tuple(range(3, 3 + nsp))
+    nsp, g = spec.nsp, spec.groups
+    rows = b.nb * int(np.prod(win.shape[3:3 + nsp]))
+    k_axes = tuple(range(3 + nsp, 3 + 2 * nsp))
+    y_axes = tuple(range(3, 3 + nsp))
+    if _rows_major(spec, b):
+        order = (0,) + y_axes + (1, 2) + k_axes                   # (nb, *dst_b, G, Cg, *k)
+        cols = np.empty(tuple(win.shape[i] for i in order), dtype=dtype)
+        cols[...] = win.transpose(order)
+        return cols.reshape(rows, g, -1).transpose(1, 2, 0)
+    order = (1, 2) + k_axes + (0,) + y_axes                       # (G, Cg, *k, nb, *dst_b)
     cols = np.empty(tuple(win.shape[i] for i in order), dtype=dtype)
     cols[...] = win.transpose(order)
-    return cols
+    return cols.reshape(g, -1, rows)
 
 
 def _col2im(spec: ConvSpec, z: np.ndarray, padded: np.ndarray) -> None:
@@ -489,10 +507,10 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
         w_cols = _weights(spec, weights, (0, 1, 2, 3), dtype).reshape(g, og, cg * t)
 
         def work(b: Block) -> None:
-            cols = _src_cols(spec, src, b, dtype)
-            rows = b.nb * (b.r1 - b.r0) * _extent(geom, "fwd", "im2col")[1]
+            cols = _src_cols(spec, src, b, dtype)                  # (G, Cg*T, rows)
+            rows = cols.shape[2]
             y = np.empty((g, og, rows), dtype=dtype)
-            matmul_into(w_cols, cols.reshape(g, cg * t, rows), y, False)
+            matmul_into(w_cols, cols, y, False)
             grid = y.reshape((spec.oc, b.nb, b.r1 - b.r0) + spec.dst[1:])
             dst[b.n0:b.n0 + b.nb, :, b.r0:b.r1] = grid.swapaxes(0, 1)
     else:
@@ -523,11 +541,11 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     blocks, worst = _plan(geom, "bwd_weights", algorithm, dtype, workspace_limit, rows_target)
     if algorithm == "im2col":
         def work(b: Block) -> np.ndarray:
-            cols = _src_cols(spec, src, b, dtype)
-            rows = b.nb * (b.r1 - b.r0) * _extent(geom, "fwd", "im2col")[1]
+            cols = _src_cols(spec, src, b, dtype)                  # (G, Cg*T, rows)
+            rows = cols.shape[2]
             dy = _dst_rows(spec, diff_dst, b, dtype).reshape(g, og, rows)
             part = np.empty((g, og, cg, t), dtype=dtype)
-            matmul_into(dy, cols.reshape(g, cg * t, rows).swapaxes(1, 2), part.reshape(g, og, cg * t), False)
+            matmul_into(dy, cols.swapaxes(1, 2), part.reshape(g, og, cg * t), False)
             return part
         order = (0, 1, 2, 3)                   # already (G, Og, Cg, T)
     else:
@@ -564,10 +582,20 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
         def work(b: Block):
             dy = _dst_rows(spec, diff_dst, b, dtype)
             rows = dy[0].size
-            z = np.empty((g, cg * t, rows), dtype=dtype)
-            matmul_into(w_cols, dy.reshape(g, og, rows), z, False)
+            dy = dy.reshape(g, og, rows)
+            block_dst = (b.nb, b.r1 - b.r0) + spec.dst[1:]
+            nsp = spec.nsp
+            if _rows_major(spec, b):                   # Z^T = dY^T @ W_cols^T, stored (rows, G, Cg*T)
+                z = np.empty((rows, g, cg * t), dtype=dtype)
+                matmul_into(dy.swapaxes(1, 2), w_cols.swapaxes(1, 2), z.transpose(1, 0, 2), False)
+                z = z.reshape(block_dst + (g, cg) + spec.kernel)
+                z = z.transpose((nsp + 1, nsp + 2) + tuple(range(nsp + 3, 2 * nsp + 3)) + tuple(range(nsp + 1)))
+            else:
+                z = np.empty((g, cg * t, rows), dtype=dtype)
+                matmul_into(w_cols, dy, z, False)
+                z = z.reshape((g, cg) + spec.kernel + block_dst)
             padded = np.zeros((b.nb, spec.ic) + _padded_rows(spec, b), dtype=dtype)
-            _col2im(spec, z.reshape((g, cg) + spec.kernel + (b.nb, b.r1 - b.r0) + spec.dst[1:]), padded)
+            _col2im(spec, z, padded)
             return b, padded
 
         for b, padded in _run_blocks(work, blocks, worst, workspace_limit):
