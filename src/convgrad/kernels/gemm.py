@@ -47,6 +47,10 @@ usual range.
 from __future__ import annotations
 
 import itertools
+import os
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -482,11 +486,64 @@ def _weights(spec: ConvSpec, weights: np.ndarray, order: tuple[int, ...], dtype)
 # are added in block order.
 # ---------------------------------------------------------------------------------------
 
-def _run_blocks(work, blocks: list[Block], worst: int, workspace_limit: int):
-    """``work`` over the blocks, results in block order; in-flight blocks fit in the cap."""
-    with threads.pinned_blas() as n:
-        workers = max(1, min(n, workspace_limit // max(1, worst)))
-        yield from threads.ordered_map(work, blocks, workers)
+class _Pool:
+    """One persistent thread pool for the blocks of every call (starting threads per call
+    would cost more than a small convolution). Recreated after a fork."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pool: ThreadPoolExecutor | None = None
+        self.size = 0
+
+    def get(self, workers: int) -> ThreadPoolExecutor:
+        with self.lock:
+            if self.pool is None or self.size < workers:
+                if self.pool is not None:
+                    self.pool.shutdown(wait=False)
+                self.pool = ThreadPoolExecutor(workers, thread_name_prefix="convgrad-block")
+                self.size = workers
+            return self.pool
+
+    def reset(self) -> None:
+        self.__init__()
+
+
+_POOL = _Pool()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_POOL.reset)
+
+
+def _in_order(work, blocks: list[Block], workers: int):
+    """``work`` over the blocks with up to ``workers`` in flight; results in block order."""
+    if workers <= 1 or len(blocks) <= 1:
+        for b in blocks:
+            yield work(b)
+        return
+    pool = _POOL.get(workers)
+    pending: deque = deque()
+    it = iter(blocks)
+    for b in itertools.islice(it, workers):
+        pending.append(pool.submit(work, b))
+    while pending:
+        result = pending.popleft().result()
+        nxt = next(it, None)
+        if nxt is not None:
+            pending.append(pool.submit(work, nxt))
+        yield result
+
+
+def _run_blocks(work, blocks: list[Block], worst: int, workspace_limit: int, blas: bool = True):
+    """``work`` over the blocks, results in block order; in-flight blocks fit in the cap.
+
+    With ``blas`` the BLAS is pinned to one thread for the call (``threads.pinned_blas``),
+    so every product runs whole on one thread; element-wise work needs no pin.
+    """
+    if blas:
+        with threads.pinned_blas() as n:
+            yield from _in_order(work, blocks, max(1, min(n, workspace_limit // max(1, worst))))
+    else:
+        n = threads.get_num_threads()
+        yield from _in_order(work, blocks, max(1, min(n, workspace_limit // max(1, worst))))
 
 
 def _plan(geom: PhaseGeometry, direction: str, algorithm: str, dtype, workspace_limit: int,
@@ -529,7 +586,7 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
             grid = y.reshape((spec.oc, b.nb, rows0) + geom.q[1:])
             valid = grid[(slice(None), slice(None), slice(0, b.r1 - b.r0)) + inner]
             dst[b.n0:b.n0 + b.nb, :, b.r0:b.r1] = valid.swapaxes(0, 1)
-    for _ in _run_blocks(work, blocks, worst, workspace_limit):
+    for _ in _run_blocks(work, blocks, worst, workspace_limit, blas=algorithm == "im2col" or cg > 1):
         pass
     return dst
 
@@ -628,6 +685,6 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
             grid = res.reshape((spec.ic, b.nb, out_rows) + geom.q[1:])
             dsrc[(slice(b.n0, b.n0 + b.nb), slice(None)) + sl[1]] = grid[(slice(None), slice(None)) + sl[0]].swapaxes(0, 1)
 
-    for _ in _run_blocks(work, blocks, worst, workspace_limit):
+    for _ in _run_blocks(work, blocks, worst, workspace_limit, blas=og > 1):
         pass
     return dsrc
