@@ -58,6 +58,7 @@ import numpy as np
 from ..errors import WorkspaceError
 from .. import threads
 from ..spec import ConvSpec
+from .blas import available as blas_available
 from .blas import matmul_into
 
 # Element-wise (depthwise) products run over channel chunks of about this many elements,
@@ -65,6 +66,10 @@ from .blas import matmul_into
 ELEMENTWISE_CHUNK = 1 << 16
 # An im2col block holds about ROWS_TARGET * IM2COL_WIDTH column elements.
 IM2COL_WIDTH = 512
+# Large problems get at least MIN_BLOCKS blocks (work for every thread) of at least
+# MIN_BLOCK_ROWS rows (long enough for efficient products).
+MIN_BLOCKS = 8
+MIN_BLOCK_ROWS = 512
 
 
 @dataclass(frozen=True)
@@ -143,13 +148,19 @@ def _img_rows(geom: PhaseGeometry, algorithm: str) -> int:
 
 
 def _natural(geom: PhaseGeometry, direction: str, algorithm: str, rows_target: int) -> tuple[int, int]:
-    """(images per whole block, axis-0 rows per slab) decided by the problem alone."""
+    """(images per whole block, axis-0 rows per slab) decided by the problem alone.
+
+    Blocks hold about ``rows_target`` rows (fewer for wide column matrices), and a large
+    problem is cut into at least ``MIN_BLOCKS`` blocks of at least ``MIN_BLOCK_ROWS``
+    rows, so that the thread pool has work for every thread.
+    """
     spec = geom.spec
     if algorithm == "im2col":
         width = len(geom.taps) * spec.ic
         rows_target = max(1, rows_target * IM2COL_WIDTH // max(IM2COL_WIDTH, width))
     extent, row_len = _extent(geom, direction, algorithm)
     img = _img_rows(geom, algorithm)
+    rows_target = min(rows_target, max(MIN_BLOCK_ROWS, -(-spec.mb * img // MIN_BLOCKS)))
     if img <= rows_target:
         return max(1, rows_target // max(1, img)), extent
     return 1, max(1, min(extent, rows_target // max(1, row_len)))
@@ -532,18 +543,37 @@ def _in_order(work, blocks: list[Block], workers: int):
         yield result
 
 
-def _run_blocks(work, blocks: list[Block], worst: int, workspace_limit: int, blas: bool = True):
+# OpenBLAS runs a product on the calling thread alone below these sizes whatever its
+# thread setting (gemm: m*n*k <= 262144; gemv: m*n < 9216; dot: n <= 10000), so calls
+# whose every product is smaller need no pin to be thread-count independent.
+SERIAL_PRODUCT = 9216
+
+
+def _run_blocks(work, blocks: list[Block], worst: int, workspace_limit: int, product: int):
     """``work`` over the blocks, results in block order; in-flight blocks fit in the cap.
 
-    With ``blas`` the BLAS is pinned to one thread for the call (``threads.pinned_blas``),
-    so every product runs whole on one thread; element-wise work needs no pin.
+    ``product`` is the largest ``m * n * k`` of the BLAS products a block runs (0: none).
+    Above ``SERIAL_PRODUCT`` (any size when the BLAS is not NumPy's OpenBLAS) the BLAS is
+    pinned to one thread for the call (``threads.pinned_blas``), so every product runs
+    whole on one thread and the parallelism comes from the blocks.
     """
-    if blas:
+    limit = SERIAL_PRODUCT if blas_available() else 0
+    if product > limit:
         with threads.pinned_blas() as n:
             yield from _in_order(work, blocks, max(1, min(n, workspace_limit // max(1, worst))))
     else:
         n = threads.get_num_threads()
         yield from _in_order(work, blocks, max(1, min(n, workspace_limit // max(1, worst))))
+
+
+def _block_rows(geom: PhaseGeometry, algorithm: str, blocks: list[Block]) -> int:
+    """Rows (GEMM length) of the largest block."""
+    if not blocks:
+        return 0
+    if algorithm == "im2col":
+        inner = int(np.prod(geom.spec.dst[1:], dtype=np.int64))
+        return max(b.nb * (b.r1 - b.r0) * inner for b in blocks)
+    return max(b.nb * _grid_rows(geom, b) * geom.row_len for b in blocks)
 
 
 def _plan(geom: PhaseGeometry, direction: str, algorithm: str, dtype, workspace_limit: int,
@@ -586,7 +616,9 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
             grid = y.reshape((spec.oc, b.nb, rows0) + geom.q[1:])
             valid = grid[(slice(None), slice(None), slice(0, b.r1 - b.r0)) + inner]
             dst[b.n0:b.n0 + b.nb, :, b.r0:b.r1] = valid.swapaxes(0, 1)
-    for _ in _run_blocks(work, blocks, worst, workspace_limit, blas=algorithm == "im2col" or cg > 1):
+    rows = _block_rows(geom, algorithm, blocks)
+    product = og * rows * cg * t if algorithm == "im2col" else (og * rows * cg if cg > 1 else 0)
+    for _ in _run_blocks(work, blocks, worst, workspace_limit, product):
         pass
     return dst
 
@@ -613,11 +645,16 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
             dy = _dst_grid(geom, diff_dst, b, rows0, b.r0, dtype).reshape(g, og, -1)[:, :, :span]
             part = np.empty((t, g, og, cg), dtype=dtype)
             for i, (ph, off) in enumerate(geom.taps):
-                matmul_into(dy, flat[ph, :, :, off:off + span].swapaxes(1, 2), part[i], False)
+                if og == 1 and cg == 1:                # depthwise: one dot per group, no BLAS
+                    np.einsum("gp,gp->g", dy[:, 0], flat[ph, :, 0, off:off + span], out=part[i, :, 0, 0])
+                else:
+                    matmul_into(dy, flat[ph, :, :, off:off + span].swapaxes(1, 2), part[i], False)
             return part
         order = (1, 2, 3, 0)                   # (T, G, Og, Cg) -> (G, Og, Cg, T)
+    rows = _block_rows(geom, algorithm, blocks)
+    product = og * cg * t * rows if algorithm == "im2col" else (0 if og == cg == 1 else og * cg * rows)
     total = None
-    for part in _run_blocks(work, blocks, worst, workspace_limit):
+    for part in _run_blocks(work, blocks, worst, workspace_limit, product):
         if total is None:
             total = part
         else:
@@ -655,7 +692,8 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
             _col2im(spec, z, padded)
             return b, padded
 
-        for b, padded in _run_blocks(work, blocks, worst, workspace_limit):
+        product = cg * t * og * _block_rows(geom, algorithm, blocks)
+        for b, padded in _run_blocks(work, blocks, worst, workspace_limit, product):
             inside = _padded_box(spec, b)
             if inside is not None:
                 dsrc[(slice(b.n0, b.n0 + b.nb), slice(None)) + inside[1]] += padded[(slice(None), slice(None)) + inside[0]]
@@ -685,6 +723,7 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
             grid = res.reshape((spec.ic, b.nb, out_rows) + geom.q[1:])
             dsrc[(slice(b.n0, b.n0 + b.nb), slice(None)) + sl[1]] = grid[(slice(None), slice(None)) + sl[0]].swapaxes(0, 1)
 
-    for _ in _run_blocks(work, blocks, worst, workspace_limit, blas=og > 1):
+    product = cg * og * _block_rows(geom, algorithm, blocks) if og > 1 else 0
+    for _ in _run_blocks(work, blocks, worst, workspace_limit, product):
         pass
     return dsrc
