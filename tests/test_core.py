@@ -425,3 +425,24 @@ def test_estimate_cost_prefers_the_cheaper_lowering():
         assert cg.choose_algorithm(first_layer, d) == "im2col"
     assert cg.choose_algorithm(depthwise, "bwd_data") == "taps"
     assert cg.choose_algorithm(depthwise, "bwd_weights") == "taps"
+
+
+def test_pointwise_products_without_copies(monkeypatch):
+    """1x1, stride 1, no padding: blocks multiply the canonical rows directly (several
+    images per block, row slabs of one image, grouped, non-contiguous and half inputs)."""
+    rng = np.random.default_rng(23)
+    for rows in (8192, 16, 3):
+        monkeypatch.setattr(dispatch, "ROWS_TARGET", rows)
+        _check_all(_spec(3, 6, 4, 2, (5, 7), (1, 1), (1, 1), (2, 3), (0, 0), (0, 0)), rng)
+        _check_all(_spec(2, 3, 5, 1, (9,), (1,), (1,), (1,), (0,), (0,)), rng)
+    spec = _spec(2, 4, 6, 2, (6, 5), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    x = np.asfortranarray(rng.standard_normal(spec.src_shape))
+    w = rng.standard_normal(spec.weights_shape)
+    dy = rng.standard_normal(spec.dst_shape)[:, :, ::-1]
+    assert rel_err(cg.conv_forward(x, w, **_kw(spec)), ref.conv_forward(spec, x, w)) <= 1e-12
+    assert rel_err(cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec)),
+                   ref.conv_backward_weights(spec, x, np.ascontiguousarray(dy))) <= 1e-12
+    h = dy.astype(np.float16)
+    got = cg.conv_backward_data(h, w.astype(np.float16), spec.src, **_kw(spec))
+    assert got.dtype == np.float16
+    assert rel_err(got, ref.conv_backward_data(spec, h.astype(np.float64), w.astype(np.float16).astype(np.float64))) <= 1e-2

@@ -490,6 +490,21 @@ def _weights(spec: ConvSpec, weights: np.ndarray, order: tuple[int, ...], dtype)
     return np.ascontiguousarray(w.transpose(order), dtype=dtype)
 
 
+def _pointwise(spec: ConvSpec, *arrays: np.ndarray, dtype) -> bool:
+    """1x1 kernel, stride 1, no padding, inputs already in the compute type: every block
+    is a plain product of the canonical arrays' rows, with no copies at all."""
+    return (all(k == 1 for k in spec.kernel) and all(s == 1 for s in spec.strides)
+            and not any(spec.pads_begin) and not any(spec.pads_end)
+            and all(a.dtype == dtype for a in arrays))
+
+
+def _rows_view(a: np.ndarray, b: Block, groups: int) -> np.ndarray:
+    """Rows [r0, r1) of images [n0, n0 + nb) of a canonical array as (nb, G, C/G, rows);
+    a view when ``a`` is C-contiguous."""
+    part = a[b.n0:b.n0 + b.nb, :, b.r0:b.r1]
+    return part.reshape(b.nb, groups, a.shape[1] // groups, -1)
+
+
 # ---------------------------------------------------------------------------------------
 # The three directions. Each block is one work item of fixed shape; blocks run on the
 # thread pool of ``threads`` with BLAS pinned to one thread, so results never depend on
@@ -603,6 +618,14 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
     else:
         w = _weights(spec, weights, (3, 0, 1, 2), dtype)                   # (T, G, Og, Cg)
         inner = tuple(slice(0, o) for o in spec.dst[1:])
+        if _pointwise(spec, src, dtype=dtype):
+            def work(b: Block) -> None:                                    # Y_n = W @ X_n
+                np.matmul(w[0], _rows_view(src, b, g), out=_rows_view(dst, b, g))
+
+            product = og * cg * _block_rows(geom, algorithm, blocks)
+            for _ in _run_blocks(work, blocks, worst, workspace_limit, product):
+                pass
+            return dst
 
         def work(b: Block) -> None:
             rows0 = _grid_rows(geom, b)
@@ -637,6 +660,11 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
             matmul_into(dy, cols.swapaxes(1, 2), part.reshape(g, og, cg * t), False)
             return part
         order = (0, 1, 2, 3)                   # already (G, Og, Cg, T)
+    elif _pointwise(spec, src, diff_dst, dtype=dtype):
+        def work(b: Block) -> np.ndarray:                                  # dW = sum_n dY_n @ X_n^T
+            parts = np.matmul(_rows_view(diff_dst, b, g), _rows_view(src, b, g).swapaxes(-1, -2))
+            return parts.sum(axis=0)[None]
+        order = (1, 2, 3, 0)
     else:
         def work(b: Block) -> np.ndarray:
             rows0 = _grid_rows(geom, b)
@@ -699,6 +727,13 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
                 dsrc[(slice(b.n0, b.n0 + b.nb), slice(None)) + inside[1]] += padded[(slice(None), slice(None)) + inside[0]]
         return dsrc
     w = _weights(spec, weights, (3, 0, 2, 1), dtype)                       # (T, G, Cg, Og)
+    if _pointwise(spec, diff_dst, dtype=dtype):
+        def work(b: Block) -> None:                                        # dX_n = W^T @ dY_n
+            np.matmul(w[0], _rows_view(diff_dst, b, g), out=_rows_view(dsrc, b, g))
+
+        for _ in _run_blocks(work, blocks, worst, workspace_limit, cg * og * _block_rows(geom, algorithm, blocks)):
+            pass
+        return dsrc
     by_phase = [[i for i, (ph, _) in enumerate(geom.taps) if ph == p] for p in range(len(geom.phases))]
 
     def work(b: Block) -> None:
