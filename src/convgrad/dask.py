@@ -60,7 +60,7 @@ except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(f"convgrad.dask needs the optional extra: pip install 'convgrad[dask]' ({e})") from e
 
 from . import dispatch, ops
-from .errors import ConvTypeError, ConvValueError
+from .errors import ConvValueError
 from .spec import ConvSpec, describe_dst_mismatch, effective_kernel, int_list, make_spec
 
 __all__ = ["SPLIT_EVERY", "Part", "conv_backward_data", "conv_backward_weights", "conv_forward",
