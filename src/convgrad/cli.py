@@ -395,6 +395,10 @@ def _front_end_op(node: Node):
         unknown = sorted(set(node.attrs) - set(params))
         if unknown:
             raise UsageError(f"{node.label}: attributes must be among {sorted(params)}, but got unknown {unknown}")
+    missing = sorted(n for n, p in params.items() if p.kind == p.KEYWORD_ONLY and p.default is p.empty
+                     and n not in node.attrs)
+    if missing:
+        raise UsageError(f"{node.label}: attributes {missing} are required by {node.op}, but the file does not give them")
     return cls(**node.attrs)
 
 
