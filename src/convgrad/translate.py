@@ -545,10 +545,11 @@ def _read_openvino(op: str, attrs: Mapping, shapes: Mapping) -> Reading:
         raise ConvValueError(f"{op}: filters must have rank {want}, but got shape {list(filters)}")
     s = _per_axis(op, attrs, "strides", nsp, 1, 1)
     d = _per_axis(op, attrs, "dilations", nsp, 1, 1)
-    pb = _per_axis(op, attrs, "pads_begin", nsp, 0, 0)
-    pe = _per_axis(op, attrs, "pads_end", nsp, 0, 0)
     auto = _string(op, attrs, "auto_pad", "explicit", ("explicit", "notset", "same_upper", "same_lower", "valid"))
     auto = "explicit" if auto == "notset" else auto
+    # OpenVINO ignores the pads (even negative ones) unless auto_pad is explicit
+    pb = _per_axis(op, attrs, "pads_begin", nsp, 0, 0 if auto == "explicit" else -MAX_DIM)
+    pe = _per_axis(op, attrs, "pads_end", nsp, 0, 0 if auto == "explicit" else -MAX_DIM)
     if family == "group":
         g, a, b = filters[0], filters[1], filters[2]
         kernel = tuple(filters[3:])
