@@ -33,7 +33,8 @@ what makes the per-chunk partials bitwise reproducible: OpenBLAS splits long GEM
 reductions differently with 2 threads than with 1 (measured: a float64 3-D weights
 gradient differed in the last bit between the threads scheduler and distributed workers,
 which run with ``OPENBLAS_NUM_THREADS=1``). The limit is process-wide while any chunk task
-runs in the process (the threads scheduler), and restored when the last one ends.
+runs in the process (the threads scheduler), and restored when the last one ends
+(``convgrad.threads.pinned_blas``, shared with the kernels, inside ``threads.serial()``).
 Bitwise identity holds on workers with the same CPU kind (the BLAS kernels are chosen per
 CPU).
 """
@@ -43,9 +44,6 @@ from __future__ import annotations
 import functools
 import itertools
 import operator
-import os
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -53,13 +51,12 @@ import numpy as np
 
 try:
     import dask.array as da
-    import threadpoolctl
     from dask.base import tokenize
     from dask.highlevelgraph import HighLevelGraph
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(f"convgrad.dask needs the optional extra: pip install 'convgrad[dask]' ({e})") from e
 
-from . import dispatch, ops
+from . import dispatch, ops, threads
 from .errors import ConvValueError
 from .spec import ConvSpec, describe_dst_mismatch, effective_kernel, int_list, make_spec
 
@@ -252,70 +249,14 @@ class _Chunk:
     cast: np.dtype | None = None    # operands' element type for the call (partials' accumulator)
 
 
-class _OneBlasThread:
-    """Process-wide: BLAS on one thread while at least one chunk task runs.
-
-    Reference counted, so concurrent tasks of the threads scheduler never restore the limit
-    under each other. threadpoolctl (>= 3.7) lets only one Python thread, the "controlling
-    thread", change OpenBLAS's process-wide limit and silently ignores the others; a thread
-    that used a standalone limit keeps that role for good. So every change is made by one
-    dedicated thread, which takes control first (the limit is process-wide whoever sets it)
-    and gives it back after restoring.
-    """
-
-    def __init__(self) -> None:
-        self._reset()
-
-    def _reset(self) -> None:  # also in a forked child: the parent's threads are gone
-        self._lock = threading.Lock()
-        self._active = 0
-        self._limiter = None
-        self._control: ThreadPoolExecutor | None = None
-
-    def _in_control_thread(self, fn: Callable[[], None]) -> None:
-        if self._control is None:
-            self._control = ThreadPoolExecutor(1, thread_name_prefix="convgrad-blas-limit")
-        self._control.submit(fn).result()
-
-    @staticmethod
-    def _release_control(force: bool) -> None:
-        clear = getattr(threadpoolctl.OpenBLASController, "clear_controlling_thread", None)
-        if clear is not None:  # threadpoolctl >= 3.7; older versions have no controlling thread
-            clear(force=force)
-
-    def _limit(self) -> None:
-        self._release_control(force=True)
-        self._limiter = threadpoolctl.threadpool_limits(limits=1, user_api="blas")
-
-    def _restore(self) -> None:
-        self._limiter.restore_original_limits()
-        self._limiter = None
-        self._release_control(force=False)
-
-    def __enter__(self) -> None:
-        with self._lock:
-            if self._active == 0:
-                self._in_control_thread(self._limit)
-            self._active += 1
-
-    def __exit__(self, *exc) -> None:
-        with self._lock:
-            self._active -= 1
-            if self._active == 0:
-                self._in_control_thread(self._restore)
-
-
-_ONE_BLAS_THREAD = _OneBlasThread()
-os.register_at_fork(after_in_child=_ONE_BLAS_THREAD._reset)
-
-
 def _run_chunk(chunk: _Chunk, a_pieces: list, b_pieces: list) -> np.ndarray:
     if chunk.operands is None:
         return np.zeros(chunk.shape, chunk.dtype)
     a, b = (r.assemble(p) for r, p in zip(chunk.operands, (a_pieces, b_pieces)))
     if chunk.cast is not None:
         a, b = a.astype(chunk.cast, copy=False), b.astype(chunk.cast, copy=False)
-    with _ONE_BLAS_THREAD:
+    # BLAS on one thread and the kernel's blocks one at a time: Dask is the parallelism
+    with threads.pinned_blas(), threads.serial():
         return chunk.call(a, b)
 
 

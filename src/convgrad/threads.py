@@ -116,10 +116,25 @@ class _Pin:
 
 _PIN = _Pin()
 os.register_at_fork(after_in_child=_PIN.reset)
+_local = threading.local()
+
+
+@contextlib.contextmanager
+def serial() -> Iterator[None]:
+    """Calls made by this thread inside run their blocks one at a time (a Dask task, whose
+    parallelism is the scheduler's, uses this with ``pinned_blas``)."""
+    old = getattr(_local, "serial", False)
+    _local.serial = True
+    try:
+        yield
+    finally:
+        _local.serial = old
 
 
 def get_num_threads() -> int:
     """Worker threads a call uses now (outside a call: what the next call would use)."""
+    if getattr(_local, "serial", False):
+        return 1
     if _num_threads is not None:
         return _num_threads
     with _PIN.lock:
@@ -133,7 +148,10 @@ def pinned_blas() -> Iterator[int]:
     """BLAS at one thread inside; yields the number of worker threads to use instead."""
     saved = _PIN.enter()
     try:
-        yield _num_threads if _num_threads is not None else saved
+        if getattr(_local, "serial", False):
+            yield 1
+        else:
+            yield _num_threads if _num_threads is not None else saved
     finally:
         _PIN.exit()
 
