@@ -557,24 +557,28 @@ class ConvTranspose(_ConvOpBase):
                                  f"(the library aborts otherwise), but got output_padding={list(check)}, "
                                  f"strides={list(self.strides)}")
         pb, pe = _deconv_auto_pads(self.auto_pad, k, self.strides, self.dilations, self.pads_begin, self.pads_end)
-        # Output size: s*(i-1) + d*(k-1)+1 - pb - pe + output_padding. The convolution that
-        # this is the data gradient of reads its input through pads (pb, pe - op); when op > pe
-        # the last op - pe rows lie beyond its reach: a shorter input with pads (pb, 0) plus
-        # op - pe zero rows.
-        out, cut, pe_c, src_c = [], [], [], []
+        # Output size: s*(i-1) + d*(k-1)+1 - pb - pe + output_padding: rows [pb, pb + size) of the
+        # full transposed result of L = s*(i-1) + d*(k-1)+1 rows, zero past L. The rows that lie
+        # inside it, keep = min(max(L - pb, 0), size), are the data gradient of the convolution
+        # reading an input of keep rows through pads (min(pb, L), L - min(pb, L) - keep); the other
+        # size - keep rows are zero (when output_padding > pads_end, or pads_begin >= L).
+        out, cut, pb_c, pe_c, src_c = [], [], [], [], []
         for ax in range(nsp):
-            size = self.strides[ax] * (sp[ax] - 1) + effective_kernel(k[ax], self.dilations[ax]) - pb[ax] - pe[ax] + check[ax]
+            full = self.strides[ax] * (sp[ax] - 1) + effective_kernel(k[ax], self.dilations[ax])
+            size = full - pb[ax] - pe[ax] + check[ax]
             if size < 1:
                 raise ConvValueError(
                     f"{op}: the output must have positive spatial sizes, but axis {ax} gives "
                     f"{self.strides[ax]}*({sp[ax]}-1) + ({self.dilations[ax]}*({k[ax]}-1)+1) - {pb[ax]} - {pe[ax]} "
                     f"+ {check[ax]} = {size}{self._pad_note()}")
+            keep = min(max(full - pb[ax], 0), size)
             out.append(size)
-            cut.append(max(check[ax] - pe[ax], 0))
-            pe_c.append(max(pe[ax] - check[ax], 0))
-            src_c.append(size - cut[-1])
+            cut.append(size - keep)
+            src_c.append(keep)
+            pb_c.append(min(pb[ax], full))
+            pe_c.append(full - pb_c[-1] - keep)
         # (spec.dst == sp by construction: floor((s*(i-1) + ek - ek) / s) + 1 = i)
-        spec = self._spec(mb=n, ic=oc, oc=wi, src=src_c, kernel=k, pads=(pb, tuple(pe_c)))
+        spec = self._spec(mb=n, ic=oc, oc=wi, src=src_c, kernel=k, pads=(tuple(pb_c), tuple(pe_c)))
         return _Plan("bwd_data", spec, _join_data(n, oc, out, self.data_format), tuple(cut))
 
     def infer_shape(self, src_shape, weights_shape, bias_shape=None) -> tuple:
