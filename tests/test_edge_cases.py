@@ -31,7 +31,6 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-import convgrad
 from convgrad import onednn as od
 from convgrad import openvino as ov
 from convgrad.tensorflow import raw_ops as R
@@ -60,12 +59,6 @@ def record(framework: str, got, want, tol: float = 1e-5) -> None:
     entry[0] += 1
     entry[1] = max(entry[1], err)
     assert err <= tol, (framework, err)
-
-
-def rng_array(seed, shape, dtype=np.float64, positive=False):
-    rng = np.random.default_rng(seed)
-    a = rng.uniform(0.5, 1.5, shape) if positive else rng.standard_normal(shape)
-    return a.astype(dtype)
 
 
 def model_check(call: Call, model, got, tol=1e-12) -> np.ndarray:
@@ -328,6 +321,21 @@ def test_unread_rows_tensorflow(tf):
                                                          **st), dw)
     record("tensorflow", dx, tf("Conv2DBackpropInput", input_sizes=list(x.shape), filter=f, out_backprop=dy, **st))
     record("tensorflow", dw, tf("Conv2DBackpropFilter", input=x, filter_sizes=list(f.shape), out_backprop=dy, **st))
+
+
+def test_conv_transpose_window_past_the_transposed_result(dnnl):
+    """ConvTranspose with pads_begin beyond the full result (L = 3*(2-1) + 1 = 4 < 5) and
+    output_padding 2: one output row, past the kernel's reach, so zero (+ bias), as the library."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 2, 3, 4)).astype(F32)          # NXC: i = (2, 3), C_in 4
+    w = rng.standard_normal((1, 2, 3, 4)).astype(F32)          # XOI: k (1, 2), C_out 3
+    b = rng.standard_normal(3).astype(F32)
+    kw = dict(strides=[3, 2], pads_begin=[5, 1], pads_end=[0, 0], dilations=[1, 1], output_padding=[2, 1])
+    got = od.ConvTranspose(**kw)(x, w, b)
+    assert got.shape == (2, 1, 6, 3) == od.ConvTranspose(**kw).infer_shape(x.shape, w.shape)
+    np.testing.assert_array_equal(got, np.broadcast_to(b, got.shape))
+    [want] = dnnl([("conv_transpose", (x, w, b), kw)])
+    record("onednn", got, want)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -104,7 +104,8 @@ def fuzz(name: str, strategy, check, n: int) -> Counter:
     inner()
     total = sum(local.values())
     assert total >= 0.9 * n, local
-    assert local["ok"] >= 0.2 * total and local["user error"] >= 0.2 * total, local
+    need = 0.1 * total if total >= 500 else 1
+    assert local["ok"] >= need and local["user error"] >= need, local
     return local
 
 
@@ -643,7 +644,8 @@ def test_executable_on_generated_documents(tmp_path):
 
 
 def _fixed_ir():
-    """One IR case from a fixed seed (hypothesis's find on the first example is not seedable)."""
+    """The smallest GroupConvolutionBackpropData case with more than 20 output elements (found and
+    shrunk by hypothesis, so the same document every run)."""
     from hypothesis import find
     return find(ir_case(), lambda case: case[0].find("layers/layer[@type='GroupConvolutionBackpropData']")
                 is not None and case[3].size > 20, settings=settings(database=None, max_examples=2000,
