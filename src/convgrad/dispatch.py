@@ -22,6 +22,7 @@ only the ratios matter. Callers may override the choice with the ``algorithm=`` 
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from typing import Iterator
 
@@ -150,5 +151,10 @@ def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32)
     dt = np.dtype(dtype)
     if dt.kind in "iu":
         return "reference"
+    return _cheapest(spec, direction)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cheapest(spec: ConvSpec, direction: str) -> str:
     costs = {alg: estimate_cost(spec, direction, alg) for alg in ("taps", "im2col")}
     return min(costs, key=costs.get)

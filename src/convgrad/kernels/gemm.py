@@ -46,6 +46,7 @@ usual range.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import threading
@@ -70,6 +71,7 @@ IM2COL_WIDTH = 512
 # MIN_BLOCK_ROWS rows (long enough for efficient products).
 MIN_BLOCKS = 8
 MIN_BLOCK_ROWS = 512
+PARALLEL_FLOPS = 20_000_000
 
 
 @dataclass(frozen=True)
@@ -90,7 +92,9 @@ class PhaseGeometry:
         return self.row_strides[0]
 
 
+@functools.lru_cache(maxsize=256)
 def geometry(spec: ConvSpec) -> PhaseGeometry:
+    """The phase geometry of a spec (pure; cached, since small calls repeat shapes)."""
     s, d, k = spec.strides, spec.dilations, spec.kernel
     max_sh = tuple((kk - 1) * dd // ss for kk, dd, ss in zip(k, d, s))
     q = tuple(o + m for o, m in zip(spec.dst, max_sh))
@@ -151,8 +155,10 @@ def _natural(geom: PhaseGeometry, direction: str, algorithm: str, rows_target: i
     """(images per whole block, axis-0 rows per slab) decided by the problem alone.
 
     Blocks hold about ``rows_target`` rows (fewer for wide column matrices), and a large
-    problem is cut into at least ``MIN_BLOCKS`` blocks of at least ``MIN_BLOCK_ROWS``
-    rows, so that the thread pool has work for every thread.
+    problem (``PARALLEL_FLOPS`` or more, made of BLAS products) is cut into at least
+    ``MIN_BLOCKS`` blocks of at least ``MIN_BLOCK_ROWS`` rows, so that the thread pool has
+    work for every thread. Element-wise (depthwise) work keeps its large blocks: its many
+    short NumPy calls would only contend for the interpreter.
     """
     spec = geom.spec
     if algorithm == "im2col":
@@ -160,7 +166,10 @@ def _natural(geom: PhaseGeometry, direction: str, algorithm: str, rows_target: i
         rows_target = max(1, rows_target * IM2COL_WIDTH // max(IM2COL_WIDTH, width))
     extent, row_len = _extent(geom, direction, algorithm)
     img = _img_rows(geom, algorithm)
-    rows_target = min(rows_target, max(MIN_BLOCK_ROWS, -(-spec.mb * img // MIN_BLOCKS)))
+    elementwise = {"fwd": spec.icg == 1, "bwd_data": spec.ocg == 1,
+                   "bwd_weights": spec.icg == spec.ocg == 1}[direction] and algorithm == "taps"
+    if spec.flops >= PARALLEL_FLOPS and not elementwise:
+        rows_target = min(rows_target, max(MIN_BLOCK_ROWS, -(-spec.mb * img // MIN_BLOCKS)))
     if img <= rows_target:
         return max(1, rows_target // max(1, img)), extent
     return 1, max(1, min(extent, rows_target // max(1, row_len)))
@@ -593,7 +602,12 @@ def _block_rows(geom: PhaseGeometry, algorithm: str, blocks: list[Block]) -> int
 
 def _plan(geom: PhaseGeometry, direction: str, algorithm: str, dtype, workspace_limit: int,
           rows_target: int) -> tuple[list[Block], int]:
-    itemsize = np.dtype(dtype).itemsize
+    return _plan_cached(geom, direction, algorithm, np.dtype(dtype).itemsize, workspace_limit, rows_target)
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_cached(geom: PhaseGeometry, direction: str, algorithm: str, itemsize: int, workspace_limit: int,
+                 rows_target: int) -> tuple[list[Block], int]:
     blocks = plan(geom, direction, algorithm, itemsize, workspace_limit, rows_target)
     worst = max((workspace_bytes(geom, direction, algorithm, b, itemsize) for b in blocks), default=0)
     return blocks, worst
