@@ -430,6 +430,8 @@ def test_estimate_cost_prefers_the_cheaper_lowering():
 def test_pointwise_products_without_copies(monkeypatch):
     """1x1, stride 1, no padding: blocks multiply the canonical rows directly (several
     images per block, row slabs of one image, grouped, non-contiguous and half inputs)."""
+    from convgrad.kernels import gemm
+    monkeypatch.setattr(gemm, "POINTWISE_MIN_ROWS", 1)
     rng = np.random.default_rng(23)
     for rows in (8192, 16, 3):
         monkeypatch.setattr(dispatch, "ROWS_TARGET", rows)

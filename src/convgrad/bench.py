@@ -893,9 +893,20 @@ def _progress(total: int, quiet: bool):
     class _Null:
         def update(self, n): pass
         def close(self): pass
-    if tqdm is None or quiet:
+    class _Lines:                          # not a terminal: one line per finished problem
+        def __init__(self):
+            self.done = 0
+
+        def update(self, n):
+            self.done += n
+            print(f"bench: {self.done}/{total} problems", file=sys.stderr, flush=True)
+
+        def close(self): pass
+    if quiet:
         return _Null()
-    return tqdm(total=total, desc="bench", unit="problem", disable=not sys.stderr.isatty())
+    if tqdm is None or not sys.stderr.isatty():
+        return _Lines()
+    return tqdm(total=total, desc="bench", unit="problem")
 
 
 # ---------------------------------------------------------------------------------------

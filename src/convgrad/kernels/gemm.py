@@ -499,11 +499,17 @@ def _weights(spec: ConvSpec, weights: np.ndarray, order: tuple[int, ...], dtype)
     return np.ascontiguousarray(w.transpose(order), dtype=dtype)
 
 
+# Pointwise products multiply one image's rows at a time: worth it (no copies) only when
+# an image has enough rows for an efficient product; small images are packed instead.
+POINTWISE_MIN_ROWS = 1024
+
+
 def _pointwise(spec: ConvSpec, *arrays: np.ndarray, dtype) -> bool:
-    """1x1 kernel, stride 1, no padding, inputs already in the compute type: every block
-    is a plain product of the canonical arrays' rows, with no copies at all."""
+    """1x1 kernel, stride 1, no padding, large images, inputs already in the compute type:
+    every block is a plain product of the canonical arrays' rows, with no copies at all."""
     return (all(k == 1 for k in spec.kernel) and all(s == 1 for s in spec.strides)
             and not any(spec.pads_begin) and not any(spec.pads_end)
+            and int(np.prod(spec.src)) >= POINTWISE_MIN_ROWS
             and all(a.dtype == dtype for a in arrays))
 
 
