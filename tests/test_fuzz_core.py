@@ -81,7 +81,7 @@ def _oracle(fn, x, w, dy, src, kernel, attrs):
     spec = make_spec("oracle", mb=x.shape[0] if fn != "conv_backward_data" else dy.shape[0],
                      ic=(x.shape[1] if fn != "conv_backward_data" else w.shape[1] * attrs["groups"]),
                      oc=(w.shape[0] if fn != "conv_backward_weights" else dy.shape[1]),
-                     groups=attrs["groups"], src=src if fn != "conv_forward" else x.shape[2:],
+                     groups=attrs["groups"], src=src if fn == "conv_backward_data" else x.shape[2:],
                      kernel=kernel if fn == "conv_backward_weights" else w.shape[2:],
                      **{k: v for k, v in attrs.items() if k != "groups"})
     assert spec.nsp == nsp or fn == "conv_forward"
