@@ -537,8 +537,12 @@ class Runner:
         self.computed += 1
         if self.out is not None:
             dest = os.path.join(self.out, node.file_stem + ".npy")
-            np.save(dest, res, allow_pickle=False)
-            lines.append(f"  {'wrote':<13} {dest}")
+            # .npy has no bfloat16: such results are written as float32, which holds every
+            # bfloat16 value exactly (NumPy would write opaque 2-byte void records)
+            saved = res.astype(np.float32) if res.dtype.kind == "V" or res.dtype.name == "bfloat16" else res
+            np.save(dest, saved, allow_pickle=False)
+            note = " (bfloat16 values as float32)" if saved is not res else ""
+            lines.append(f"  {'wrote':<13} {dest}{note}")
         return lines
 
     def _value(self, inp: In, k: int, j: int) -> np.ndarray | None:
