@@ -38,6 +38,9 @@ padding), so with ``cols[(k, c), y]``:
     bwd_weights  dW = dY @ cols^T                                         (K = rows)
     bwd_data     Z  = W_cols^T @ dY;  dsrc[window(k)] += Z[k]  (col2im)   (M = taps * Cg)
 
+With stride 1 the data gradient is itself a forward correlation of ``dY`` with the
+flipped kernel (``flipped_spec``), so ``im2col`` runs it as a forward im2col: no scatter.
+
 Work runs in *blocks* (several whole images, or a slab of rows of one image) planned
 from the problem alone; the workspace cap only shrinks a block when one does not fit,
 and partial sums are added in block order, so results do not depend on the cap in the
@@ -712,10 +715,37 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     return np.ascontiguousarray(total.transpose(order)).reshape(spec.weights_shape)
 
 
+def flipped_spec(spec: ConvSpec) -> ConvSpec | None:
+    """For stride 1, the data gradient as a forward convolution, or None.
+
+    With stride 1, ``dsrc[i] = sum_k W[k] dY[i + pb - k*d]``. Flipping the kernel
+    (``j = K - 1 - k``) gives ``dY[i - pb' + j*d]`` with ``pb' = (K - 1)*d - pb``: a
+    forward correlation of ``dY`` padded by ``pb'`` in front and ``pe' = (K - 1)*d - pe``
+    at the end, with the flipped kernel and input/output channels swapped per group. It
+    needs no col2im scatter. None when a stride is not 1 or a pad exceeds ``(K - 1)*d``.
+    """
+    if any(st != 1 for st in spec.strides):
+        return None
+    pb = tuple((k - 1) * d - p for k, d, p in zip(spec.kernel, spec.dilations, spec.pads_begin))
+    pe = tuple((k - 1) * d - p for k, d, p in zip(spec.kernel, spec.dilations, spec.pads_end))
+    if min(pb + pe, default=0) < 0:
+        return None
+    out = ConvSpec(mb=spec.mb, ic=spec.oc, oc=spec.ic, groups=spec.groups, src=spec.dst, kernel=spec.kernel,
+                   strides=spec.strides, dilations=spec.dilations, pads_begin=pb, pads_end=pe)
+    return out if out.dst == spec.src else None
+
+
 def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, *, dtype, algorithm: str,
                        workspace_limit: int, rows_target: int) -> np.ndarray:
     geom = geometry(spec)
     g, cg, og, t = spec.groups, spec.icg, spec.ocg, len(geom.taps)
+    flipped = flipped_spec(spec) if algorithm == "im2col" else None
+    if flipped is not None:
+        # weights (G*Og, Cg, *K) -> flipped kernel, (G*Cg, Og, *K)
+        w = weights.reshape((g, og, cg) + spec.kernel)[(Ellipsis,) + (slice(None, None, -1),) * spec.nsp]
+        w = w.swapaxes(1, 2).reshape((spec.ic, og) + spec.kernel)
+        return conv_forward(flipped, diff_dst, w, dtype=dtype, algorithm="im2col",
+                            workspace_limit=workspace_limit, rows_target=rows_target)
     dsrc = np.zeros(spec.src_shape, dtype=dtype)
     blocks, worst = _plan(geom, "bwd_data", algorithm, dtype, workspace_limit, rows_target)
     if algorithm == "im2col":
