@@ -159,7 +159,8 @@ def _natural(geom: PhaseGeometry, direction: str, algorithm: str, rows_target: i
 
     Blocks hold about ``rows_target`` rows (fewer for wide column matrices), and a large
     problem (``PARALLEL_FLOPS`` or more, made of BLAS products) is cut into at least
-    ``MIN_BLOCKS`` blocks of at least ``MIN_BLOCK_ROWS`` rows, so that the thread pool has
+    ``MIN_BLOCKS`` blocks of at least ``MIN_BLOCK_ROWS`` rows, or in two when it has fewer
+    rows than that (deep layers: few rows, long reductions), so that the thread pool has
     work for every thread. Element-wise (depthwise) work keeps its large blocks: its many
     short NumPy calls would only contend for the interpreter.
     """
@@ -172,9 +173,14 @@ def _natural(geom: PhaseGeometry, direction: str, algorithm: str, rows_target: i
     elementwise = {"fwd": spec.icg == 1, "bwd_data": spec.ocg == 1,
                    "bwd_weights": spec.icg == spec.ocg == 1}[direction] and algorithm == "taps"
     if spec.flops >= PARALLEL_FLOPS and not elementwise:
-        rows_target = min(rows_target, max(MIN_BLOCK_ROWS, -(-spec.mb * img // MIN_BLOCKS)))
+        total = spec.mb * img
+        rows_target = min(rows_target, max(MIN_BLOCK_ROWS, -(-total // MIN_BLOCKS)))
+        if total <= rows_target:                  # still one block: split it in two
+            half = -(-spec.mb // 2) * img if 2 * img <= total else -(-total // 2)
+            rows_target = max(MIN_BLOCK_ROWS // 8, half)
     if img <= rows_target:
-        return max(1, rows_target // max(1, img)), extent
+        per = max(1, rows_target // max(1, img))
+        return -(-spec.mb // -(-spec.mb // per)) if spec.mb else per, extent   # even blocks
     return 1, max(1, min(extent, rows_target // max(1, row_len)))
 
 
@@ -496,9 +502,15 @@ def _sum_products(pairs, out: np.ndarray, tmp: np.ndarray) -> None:
 
 
 def _weights(spec: ConvSpec, weights: np.ndarray, order: tuple[int, ...], dtype) -> np.ndarray:
-    """Weights (O, Cg, *K) viewed as (G, Og, Cg, T), permuted by ``order``, contiguous."""
+    """Weights (O, Cg, *K) viewed as (G, Og, Cg, T), permuted by ``order``.
+
+    With one tap and the compute type already, a permuted *view* (every (Og, Cg) matrix
+    is then row- or column-major, which BLAS reads in place: transposing a 2048 x 1024
+    matrix cost more than the product); otherwise a contiguous copy."""
     t = int(np.prod(spec.kernel))
     w = weights.reshape(spec.groups, spec.ocg, spec.icg, t)
+    if t == 1 and w.dtype == dtype and weights.flags.c_contiguous:
+        return w.transpose(order)
     return np.ascontiguousarray(w.transpose(order), dtype=dtype)
 
 
