@@ -448,3 +448,34 @@ def test_pointwise_products_without_copies(monkeypatch):
     got = cg.conv_backward_data(h, w.astype(np.float16), spec.src, **_kw(spec))
     assert got.dtype == np.float16
     assert rel_err(got, ref.conv_backward_data(spec, h.astype(np.float64), w.astype(np.float16).astype(np.float64))) <= 1e-2
+
+
+@pytest.mark.parametrize("alg", FAST)
+def test_peak_memory_within_result_plus_cap(alg):
+    """tracemalloc's peak during one call (NumPy allocations: temporaries and the result)
+    stays within the result plus the workspace cap, with blocks in flight on two threads."""
+    import tracemalloc
+
+    import threadpoolctl
+    rng = np.random.default_rng(24)
+    specs = [_spec(4, 16, 24, 1, (40, 36), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+             _spec(3, 12, 12, 3, (33, 31), (3, 2), (2, 1), (1, 2), (1, 0), (0, 1)),
+             _spec(2, 8, 6, 1, (300,), (16,), (4,), (1,), (3,), (2,))]
+    cap = 256 << 10
+    for spec in specs:
+        x = rng.standard_normal(spec.src_shape).astype(np.float32)
+        w = rng.standard_normal(spec.weights_shape).astype(np.float32)
+        dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
+        calls = (lambda: cg.conv_forward(x, w, algorithm=alg, **_kw(spec)),
+                 lambda: cg.conv_backward_weights(x, dy, spec.kernel, algorithm=alg, **_kw(spec)),
+                 lambda: cg.conv_backward_data(dy, w, spec.src, algorithm=alg, **_kw(spec)))
+        with threadpoolctl.threadpool_limits(2, user_api="blas"), cg.workspace_limit(cap):
+            for call in calls:
+                call()
+                tracemalloc.start()
+                try:
+                    out = call()
+                    peak = tracemalloc.get_traced_memory()[1]
+                finally:
+                    tracemalloc.stop()
+                assert peak <= out.nbytes + cap + (64 << 10), (str(spec), alg, peak, out.nbytes)

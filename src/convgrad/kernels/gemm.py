@@ -210,17 +210,18 @@ def workspace_bytes(geom: PhaseGeometry, direction: str, algorithm: str, b: Bloc
     weights = t * spec.icg * o
     if algorithm == "im2col":
         rows = b.nb * (b.r1 - b.r0) * _extent(geom, direction, algorithm)[1]
-        cols = t * c * rows
-        if direction == "bwd_weights":            # the first block's partial becomes the result
-            elems = cols + o * rows + weights
-        else:
-            elems = cols + 2 * o * rows + rows * c + 2 * weights
+        cols = t * c * rows                       # the column matrix (col2im: Z)
+        padded = b.nb * c * int(np.prod(_padded_rows(spec, b), dtype=np.int64))
+        if direction == "bwd_weights":            # a block's partial, and the running total
+            elems = padded + cols + o * rows + 2 * weights
+        else:                                     # + the block's result rows, weight layouts
+            elems = padded + cols + 2 * o * rows + 2 * weights
     else:
         rows = b.nb * _grid_rows(geom, b) * geom.row_len
         if direction == "fwd":
             elems = len(geom.phases) * rows * c + 2 * rows * o + 2 * weights
         elif direction == "bwd_weights":
-            elems = len(geom.phases) * rows * c + rows * o + weights
+            elems = len(geom.phases) * rows * c + rows * o + 2 * weights
         else:
             elems = (geom.max_off + rows) * o + 2 * rows * c + 2 * weights
     return int(elems) * itemsize
@@ -569,23 +570,21 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_POOL.reset)
 
 
-def _in_order(work, blocks: list[Block], workers: int):
-    """``work`` over the blocks with up to ``workers`` in flight; results in block order."""
+def _in_order(work, blocks: list[Block], workers: int, consume) -> None:
+    """``consume(work(b))`` for the blocks in block order, ``work`` running on up to
+    ``workers`` threads; at most ``workers`` block results are alive at any time."""
     if workers <= 1 or len(blocks) <= 1:
         for b in blocks:
-            yield work(b)
+            consume(work(b))
         return
     pool = _POOL.get(workers)
-    pending: deque = deque()
     it = iter(blocks)
-    for b in itertools.islice(it, workers):
-        pending.append(pool.submit(work, b))
+    pending: deque = deque(pool.submit(work, b) for b in itertools.islice(it, workers))
     while pending:
-        result = pending.popleft().result()
+        consume(pending.popleft().result())
         nxt = next(it, None)
         if nxt is not None:
             pending.append(pool.submit(work, nxt))
-        yield result
 
 
 # OpenBLAS runs a product on the calling thread alone below these sizes whatever its
@@ -594,8 +593,13 @@ def _in_order(work, blocks: list[Block], workers: int):
 SERIAL_PRODUCT = 9216
 
 
-def _run_blocks(work, blocks: list[Block], worst: int, workspace_limit: int, product: int):
-    """``work`` over the blocks, results in block order; in-flight blocks fit in the cap.
+def _ignore(_result) -> None:
+    return None
+
+
+def _run_blocks(work, blocks: list[Block], worst: int, workspace_limit: int, product: int,
+                consume=_ignore) -> None:
+    """``consume(work(b))`` over the blocks in block order; blocks alive at once fit in the cap.
 
     ``product`` is the largest ``m * n * k`` of the BLAS products a block runs (0: none).
     Above ``SERIAL_PRODUCT`` (any size when the BLAS is not NumPy's OpenBLAS) the BLAS is
@@ -605,10 +609,10 @@ def _run_blocks(work, blocks: list[Block], worst: int, workspace_limit: int, pro
     limit = SERIAL_PRODUCT if blas_available() else 0
     if product > limit:
         with threads.pinned_blas() as n:
-            yield from _in_order(work, blocks, max(1, min(n, workspace_limit // max(1, worst))))
+            _in_order(work, blocks, max(1, min(n, workspace_limit // max(1, worst))), consume)
     else:
         n = threads.get_num_threads()
-        yield from _in_order(work, blocks, max(1, min(n, workspace_limit // max(1, worst))))
+        _in_order(work, blocks, max(1, min(n, workspace_limit // max(1, worst))), consume)
 
 
 def _block_rows(geom: PhaseGeometry, algorithm: str, blocks: list[Block]) -> int:
@@ -658,8 +662,7 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
                 np.matmul(w[0], _rows_view(src, b, g), out=_rows_view(dst, b, g))
 
             product = og * cg * _block_rows(geom, algorithm, blocks)
-            for _ in _run_blocks(work, blocks, worst, workspace_limit, product):
-                pass
+            _run_blocks(work, blocks, worst, workspace_limit, product)
             return dst
 
         def work(b: Block) -> None:
@@ -676,8 +679,7 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
             dst[b.n0:b.n0 + b.nb, :, b.r0:b.r1] = valid.swapaxes(0, 1)
     rows = _block_rows(geom, algorithm, blocks)
     product = og * rows * cg * t if algorithm == "im2col" else (og * rows * cg if cg > 1 else 0)
-    for _ in _run_blocks(work, blocks, worst, workspace_limit, product):
-        pass
+    _run_blocks(work, blocks, worst, workspace_limit, product)
     return dst
 
 
@@ -716,12 +718,15 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
         order = (1, 2, 3, 0)                   # (T, G, Og, Cg) -> (G, Og, Cg, T)
     rows = _block_rows(geom, algorithm, blocks)
     product = og * cg * t * rows if algorithm == "im2col" else (0 if og == cg == 1 else og * cg * rows)
-    total = None
-    for part in _run_blocks(work, blocks, worst, workspace_limit, product):
-        if total is None:
-            total = part
+    acc: list[np.ndarray] = []                 # the running total, partials added in block order
+
+    def consume(part: np.ndarray) -> None:
+        if acc:
+            acc[0] += part
         else:
-            total += part
+            acc.append(part)
+    _run_blocks(work, blocks, worst, workspace_limit, product, consume)
+    total = acc[0] if acc else None
     if total is None:
         return np.zeros(spec.weights_shape, dtype=dtype)
     return np.ascontiguousarray(total.transpose(order)).reshape(spec.weights_shape)
@@ -783,18 +788,19 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
             return b, padded
 
         product = cg * t * og * _block_rows(geom, algorithm, blocks)
-        for b, padded in _run_blocks(work, blocks, worst, workspace_limit, product):
+        def consume(result) -> None:               # overlapping slabs add in block order
+            b, padded = result
             inside = _padded_box(spec, b)
             if inside is not None:
                 dsrc[(slice(b.n0, b.n0 + b.nb), slice(None)) + inside[1]] += padded[(slice(None), slice(None)) + inside[0]]
+        _run_blocks(work, blocks, worst, workspace_limit, product, consume)
         return dsrc
     w = _weights(spec, weights, (3, 0, 2, 1), dtype)                       # (T, G, Cg, Og)
     if _pointwise(spec, diff_dst, dtype=dtype):
         def work(b: Block) -> None:                                        # dX_n = W^T @ dY_n
             np.matmul(w[0], _rows_view(diff_dst, b, g), out=_rows_view(dsrc, b, g))
 
-        for _ in _run_blocks(work, blocks, worst, workspace_limit, cg * og * _block_rows(geom, algorithm, blocks)):
-            pass
+        _run_blocks(work, blocks, worst, workspace_limit, cg * og * _block_rows(geom, algorithm, blocks))
         return dsrc
     by_phase = [[i for i, (ph, _) in enumerate(geom.taps) if ph == p] for p in range(len(geom.phases))]
 
@@ -821,6 +827,5 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
             dsrc[(slice(b.n0, b.n0 + b.nb), slice(None)) + sl[1]] = grid[(slice(None), slice(None)) + sl[0]].swapaxes(0, 1)
 
     product = cg * og * _block_rows(geom, algorithm, blocks) if og > 1 else 0
-    for _ in _run_blocks(work, blocks, worst, workspace_limit, product):
-        pass
+    _run_blocks(work, blocks, worst, workspace_limit, product)
     return dsrc
