@@ -588,26 +588,36 @@ def _in_order(work, blocks: list[Block], workers: int, consume) -> None:
 
 
 # OpenBLAS runs a product on the calling thread alone below these sizes whatever its
-# thread setting (gemm: m*n*k <= 262144; gemv: m*n < 9216; dot: n <= 10000), so calls
-# whose every product is smaller need no pin to be thread-count independent.
-SERIAL_PRODUCT = 9216
+# thread setting (gemm: m*n*k <= 65536 * 4; gemv, taken when m or n is 1: m*n < 9216;
+# dot: n <= 10000), so calls whose every product is smaller need no pin to be
+# thread-count independent.
+SERIAL_GEMM = 65536 * 4
+SERIAL_GEMV = 9216
+NO_PRODUCT = (0, 0, 0)
+
+
+def _threads_in_blas(product: tuple[int, int, int]) -> bool:
+    """Could the BLAS split this (m, n, k) product over threads (the largest of a call)?"""
+    m, n, k = product
+    if not blas_available():                  # another BLAS: assume any product may thread
+        return m * n * k > 0
+    return m * n * k > (SERIAL_GEMM if min(m, n) >= 2 else SERIAL_GEMV)
 
 
 def _ignore(_result) -> None:
     return None
 
 
-def _run_blocks(work, blocks: list[Block], worst: int, workspace_limit: int, product: int,
+def _run_blocks(work, blocks: list[Block], worst: int, workspace_limit: int, product: tuple[int, int, int],
                 consume=_ignore) -> None:
     """``consume(work(b))`` over the blocks in block order; blocks alive at once fit in the cap.
 
-    ``product`` is the largest ``m * n * k`` of the BLAS products a block runs (0: none).
-    Above ``SERIAL_PRODUCT`` (any size when the BLAS is not NumPy's OpenBLAS) the BLAS is
-    pinned to one thread for the call (``threads.pinned_blas``), so every product runs
-    whole on one thread and the parallelism comes from the blocks.
+    ``product`` is the largest (m, n, k) BLAS product a block runs (``NO_PRODUCT``: none).
+    When the BLAS could thread it, the BLAS is pinned to one thread for the call
+    (``threads.pinned_blas``), so every product runs whole on one thread and the
+    parallelism comes from the blocks.
     """
-    limit = SERIAL_PRODUCT if blas_available() else 0
-    if product > limit:
+    if _threads_in_blas(product):
         with threads.pinned_blas() as n:
             _in_order(work, blocks, max(1, min(n, workspace_limit // max(1, worst))), consume)
     else:
@@ -661,7 +671,7 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
             def work(b: Block) -> None:                                    # Y_n = W @ X_n
                 np.matmul(w[0], _rows_view(src, b, g), out=_rows_view(dst, b, g))
 
-            product = og * cg * _block_rows(geom, algorithm, blocks)
+            product = (og, _block_rows(geom, algorithm, blocks), cg)
             _run_blocks(work, blocks, worst, workspace_limit, product)
             return dst
 
@@ -678,7 +688,7 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
             valid = grid[(slice(None), slice(None), slice(0, b.r1 - b.r0)) + inner]
             dst[b.n0:b.n0 + b.nb, :, b.r0:b.r1] = valid.swapaxes(0, 1)
     rows = _block_rows(geom, algorithm, blocks)
-    product = og * rows * cg * t if algorithm == "im2col" else (og * rows * cg if cg > 1 else 0)
+    product = (og, rows, cg * t) if algorithm == "im2col" else ((og, rows, cg) if cg > 1 else NO_PRODUCT)
     _run_blocks(work, blocks, worst, workspace_limit, product)
     return dst
 
@@ -717,7 +727,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
             return part
         order = (1, 2, 3, 0)                   # (T, G, Og, Cg) -> (G, Og, Cg, T)
     rows = _block_rows(geom, algorithm, blocks)
-    product = og * cg * t * rows if algorithm == "im2col" else (0 if og == cg == 1 else og * cg * rows)
+    product = (og, cg * t, rows) if algorithm == "im2col" else (NO_PRODUCT if og == cg == 1 else (og, cg, rows))
     acc: list[np.ndarray] = []                 # the running total, partials added in block order
 
     def consume(part: np.ndarray) -> None:
@@ -787,7 +797,7 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
             _col2im(spec, z, padded)
             return b, padded
 
-        product = cg * t * og * _block_rows(geom, algorithm, blocks)
+        product = (cg * t, _block_rows(geom, algorithm, blocks), og)
         def consume(result) -> None:               # overlapping slabs add in block order
             b, padded = result
             inside = _padded_box(spec, b)
@@ -800,7 +810,7 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
         def work(b: Block) -> None:                                        # dX_n = W^T @ dY_n
             np.matmul(w[0], _rows_view(diff_dst, b, g), out=_rows_view(dsrc, b, g))
 
-        _run_blocks(work, blocks, worst, workspace_limit, cg * og * _block_rows(geom, algorithm, blocks))
+        _run_blocks(work, blocks, worst, workspace_limit, (cg, _block_rows(geom, algorithm, blocks), og))
         return dsrc
     by_phase = [[i for i, (ph, _) in enumerate(geom.taps) if ph == p] for p in range(len(geom.phases))]
 
@@ -826,6 +836,6 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
             grid = res.reshape((spec.ic, b.nb, out_rows) + geom.q[1:])
             dsrc[(slice(b.n0, b.n0 + b.nb), slice(None)) + sl[1]] = grid[(slice(None), slice(None)) + sl[0]].swapaxes(0, 1)
 
-    product = cg * og * _block_rows(geom, algorithm, blocks) if og > 1 else 0
+    product = (cg, _block_rows(geom, algorithm, blocks), og) if og > 1 else NO_PRODUCT
     _run_blocks(work, blocks, worst, workspace_limit, product)
     return dsrc
