@@ -52,7 +52,23 @@ def set_num_threads(n: int | None) -> None:
     _num_threads = n
 
 
+_DIRECT = None        # (get, set) of NumPy's OpenBLAS thread count, looked up once
+_DIRECT_LOOKED = False
+
+
+def _direct():
+    global _DIRECT, _DIRECT_LOOKED
+    if not _DIRECT_LOOKED:
+        from .kernels.blas import thread_count_functions
+
+        _DIRECT, _DIRECT_LOOKED = thread_count_functions(), True
+    return _DIRECT
+
+
 def _blas_threads() -> int:
+    direct = _direct()
+    if direct is not None:
+        return max(1, int(direct[0]()))
     counts = [info.get("num_threads") or 1 for info in _blas().info()]
     return max(counts) if counts else (os.cpu_count() or 1)
 
@@ -62,10 +78,11 @@ class _Pin:
 
     Concurrent calls (user threads, a Dask threaded scheduler) share one pin: the first
     entrant saves the caller's BLAS thread count and pins it to 1, the last one restores
-    it. threadpoolctl (>= 3.7) lets only one Python thread, the "controlling thread",
-    change OpenBLAS's process-wide limit and silently ignores the others, so every change
-    is made by one dedicated thread that takes control first and gives it back after
-    restoring (the limit itself is process-wide, whoever sets it).
+    it. The GEMMs run in NumPy's OpenBLAS, whose thread count is set directly (process-wide,
+    microseconds). Where those functions are not found, threadpoolctl does it: it (>= 3.7)
+    lets only one Python thread, the "controlling thread", change OpenBLAS's process-wide
+    limit and silently ignores the others, so every change is then made by one dedicated
+    thread that takes control first and gives it back after restoring.
     """
 
     def __init__(self) -> None:
@@ -103,15 +120,23 @@ class _Pin:
             if self.active == 0:
                 self.saved = _blas_threads()
                 if self.saved > 1:
-                    self._in_control_thread(self._limit)
+                    direct = _direct()
+                    if direct is not None:
+                        direct[1](1)
+                    else:
+                        self._in_control_thread(self._limit)
             self.active += 1
             return self.saved
 
     def exit(self) -> None:
         with self.lock:
             self.active -= 1
-            if self.active == 0 and self.limiter is not None:
-                self._in_control_thread(self._restore)
+            if self.active == 0 and self.saved > 1:
+                direct = _direct()
+                if direct is not None:
+                    direct[1](self.saved)
+                elif self.limiter is not None:
+                    self._in_control_thread(self._restore)
 
 
 _PIN = _Pin()

@@ -119,6 +119,32 @@ def _blas_call(found: dict, a: np.ndarray, b: np.ndarray, out: np.ndarray, accum
 _FOUND = _load()
 
 
+def thread_count_functions():
+    """``(get, set)`` of the thread count of NumPy's OpenBLAS, called directly, or None.
+
+    Calling them costs microseconds; going through threadpoolctl from a thread that is not
+    its controlling thread needs a round trip to a control thread (about 80 us a change).
+    """
+    if os.environ.get("CONVGRAD_NO_CBLAS"):
+        return None
+    for path in _mapped_blas_paths():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for get_name, set_name, itype in (
+                ("scipy_openblas_get_num_threads64_", "scipy_openblas_set_num_threads64_", ctypes.c_int64),
+                ("scipy_openblas_get_num_threads", "scipy_openblas_set_num_threads", ctypes.c_int),
+                ("openblas_get_num_threads", "openblas_set_num_threads", ctypes.c_int)):
+            get, set_ = getattr(lib, get_name, None), getattr(lib, set_name, None)
+            if get is None or set_ is None:
+                continue
+            get.restype, get.argtypes = ctypes.c_int, []
+            set_.restype, set_.argtypes = None, [itype]
+            return get, set_
+    return None
+
+
 def available() -> bool:
     """True when accumulating products go straight to NumPy's BLAS."""
     return bool(_FOUND)
