@@ -32,7 +32,12 @@ _CANDIDATES = (
 
 
 def _mapped_blas_paths() -> list[str]:
-    """Shared objects already loaded into this process that look like NumPy's BLAS."""
+    """Shared objects already loaded into this process that look like NumPy's BLAS.
+
+    Those shipped with NumPy (``numpy.libs/`` in its wheels) come first and, when there are
+    any, alone: SciPy maps an OpenBLAS of its own, a different build that rounds
+    differently, and results must not depend on whether SciPy happens to be imported.
+    """
     paths = []
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
@@ -44,7 +49,10 @@ def _mapped_blas_paths() -> list[str]:
                         paths.append(path)
     except OSError:
         pass
-    return paths
+    root = os.path.dirname(os.path.dirname(os.path.abspath(np.__file__)))
+    own = [p for p in paths if os.path.basename(os.path.dirname(p)) in ("numpy.libs", ".dylibs")
+           or p.startswith(os.path.join(root, "numpy"))]
+    return own or paths
 
 
 def _load() -> dict:
@@ -67,6 +75,7 @@ def _load() -> dict:
                                ctypes.c_void_p, itype, ctypes.c_void_p, itype, ctype, ctypes.c_void_p, itype]
                 found[np.dtype(dt)] = (fn, ctype)
             if len(found) == 2 and _self_test(found):
+                found["path"] = path
                 return found
     return {}
 
@@ -125,9 +134,9 @@ def thread_count_functions():
     Calling them costs microseconds; going through threadpoolctl from a thread that is not
     its controlling thread needs a round trip to a control thread (about 80 us a change).
     """
-    if os.environ.get("CONVGRAD_NO_CBLAS"):
+    if not _FOUND:      # only the library whose GEMMs convgrad calls (SciPy may map another)
         return None
-    for path in _mapped_blas_paths():
+    for path in (_FOUND["path"],):
         try:
             lib = ctypes.CDLL(path)
         except OSError:
