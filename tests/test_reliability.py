@@ -102,3 +102,20 @@ def test_bitwise_from_another_thread_while_main_controls_blas():
         t.join()
     for a, b in zip(want, got["r"]):
         np.testing.assert_array_equal(a, b)
+
+
+def test_numpy_blas_is_used_even_when_scipy_was_imported_first():
+    """SciPy maps an OpenBLAS build of its own (found first in the process's map when SciPy
+    is imported first); convgrad must keep calling and pinning NumPy's, or results would
+    depend on import order and the thread pin would miss the library doing the work."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, numpy as np, scipy.linalg\n"
+        "from convgrad.kernels import blas\n"
+        "paths = blas._mapped_blas_paths()\n"
+        "assert blas.available(), paths\n"
+        "numpy_dir = os.path.dirname(os.path.dirname(np.__file__))\n"
+        "assert 'numpy' in os.path.relpath(blas._FOUND['path'], numpy_dir), blas._FOUND['path']\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
