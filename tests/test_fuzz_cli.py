@@ -259,17 +259,26 @@ def ir_docs(draw):
             el = draw(st.sampled_from([e for e in elems if e.attrib] or elems))
             if el.attrib:
                 del el.attrib[draw(st.sampled_from(sorted(el.attrib)))]
-        elif what == "del_elem":
-            parent = draw(st.sampled_from([e for e in elems if len(e)]))
-            parent.remove(draw(st.sampled_from(list(parent))))
-        elif what == "dup_elem":
-            parent = draw(st.sampled_from([e for e in elems if len(e)]))
-            parent.append(copy_elem(draw(st.sampled_from(list(parent)))))
+        elif what in ("del_elem", "dup_elem"):
+            parents = [e for e in elems if len(e)]
+            if not parents:            # an earlier mutation removed every child
+                continue
+            parent = draw(st.sampled_from(parents))
+            child = draw(st.sampled_from(list(parent)))
+            if what == "del_elem":
+                parent.remove(child)
+            else:
+                parent.append(copy_elem(child))
         elif what == "dim":
             dims = [e for e in elems if e.tag == "dim"]
+            if not dims:
+                continue
             draw(st.sampled_from(dims)).text = draw(st.sampled_from(ODD_TEXT + ["0", "1", "7", "-1"]))
         elif what == "type":
-            el = draw(st.sampled_from([e for e in elems if e.tag == "layer"]))
+            layers = [e for e in elems if e.tag == "layer"]
+            if not layers:
+                continue
+            el = draw(st.sampled_from(layers))
             el.set("type", draw(st.sampled_from(list(OV_OPS) + ["Add", "Parameter", "Const", "Result", "Convert"])))
         mutations.append(what)
     text = ET.tostring(net, encoding="unicode").encode()
