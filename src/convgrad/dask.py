@@ -56,9 +56,9 @@ try:
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(f"convgrad.dask needs the optional extra: pip install 'convgrad[dask]' ({e})") from e
 
-from . import dispatch, ops, threads
+from . import ops, threads
 from .errors import ConvValueError
-from .spec import ConvSpec, describe_dst_mismatch, effective_kernel, int_list, make_spec
+from .spec import ConvSpec, effective_kernel
 
 __all__ = ["SPLIT_EVERY", "Part", "conv_backward_data", "conv_backward_weights", "conv_forward",
            "data_parts", "forward_parts"]
@@ -190,31 +190,6 @@ def _as_dask(op: str, name: str, value: object):
         return value
     arr = ops.as_array(op, name, value)
     return da.from_array(arr, chunks=arr.shape if arr.ndim else (), name=False)
-
-
-def _check_rank(op: str, name: str, x, rank: int | None = None) -> None:
-    if rank is None and x.ndim < 3:
-        raise ConvValueError(f"{op}: {name} must have rank >= 3 (N, C, *spatial), but got shape {x.shape}")
-    if rank is not None and x.ndim != rank:
-        raise ConvValueError(f"{op}: {name} must have rank {rank}, but got shape {x.shape}")
-
-
-def _shape_list(op: str, name: str, value: object, nsp: int) -> tuple[int, ...]:
-    one = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-    vals = int_list(op, name, (value,) if one else value)
-    if len(vals) != nsp:
-        raise ConvValueError(f"{op}: {name} must have one entry per spatial axis ({nsp}), but got {list(vals)}")
-    return vals
-
-
-def _resolve(op: str, spec: ConvSpec, direction: str, dt: np.dtype, algorithm, workspace_limit):
-    """Algorithm and workspace cap fixed at graph-building time (the caller's, not a worker's)."""
-    if algorithm is None:
-        algorithm = dispatch.choose_algorithm(spec, direction, dt)
-    elif algorithm not in dispatch.ALGORITHMS:
-        raise ConvValueError(f"{op}: algorithm must be one of {dispatch.ALGORITHMS}, but got {algorithm!r}")
-    limit = dispatch.get_workspace_limit() if workspace_limit is None else dispatch._check_limit(workspace_limit)
-    return algorithm, limit
 
 
 # --------------------------------------------------------------------------------------
@@ -356,18 +331,10 @@ def conv_forward(src, weights, *, strides=1, pads_begin=0, pads_end=0, dilations
     op = "dask.conv_forward"
     src = _as_dask(op, "src", src)
     weights = _as_dask(op, "weights", weights)
-    dt = ops.check_dtype(op, "src", src, integers=True)
-    ops.check_dtype(op, "weights", weights, integers=True)
-    ops.same_dtype(op, ("src", "weights"), (src, weights))
-    _check_rank(op, "src", src)
-    _check_rank(op, "weights", weights, src.ndim)
-    spec = make_spec(op, mb=src.shape[0], ic=src.shape[1], oc=weights.shape[0], groups=groups,
-                     src=src.shape[2:], kernel=weights.shape[2:], strides=strides, dilations=dilations,
-                     pads_begin=pads_begin, pads_end=pads_end)
-    if weights.shape[1] != spec.icg:
-        raise ConvValueError(f"{op}: weights must have shape (O, C // groups, *kernel) with C // groups = "
-                             f"{spec.ic} // {spec.groups} = {spec.icg}, but got {weights.shape}")
-    algorithm, limit = _resolve(op, spec, "fwd", dt, algorithm, workspace_limit)
+    spec, dt = ops.validate_forward(op, src, weights, strides=strides, pads_begin=pads_begin,
+                                    pads_end=pads_end, dilations=dilations, groups=groups)
+    # the algorithm and cap are fixed at graph-building time (the caller's, not a worker's)
+    algorithm, limit = ops.resolve(op, spec, "fwd", dt, algorithm, workspace_limit)
     weights = _one_block(weights)
 
     axes = [forward_parts(*geo, forward_dst_ranges(*geo, ch))
@@ -400,24 +367,10 @@ def conv_backward_data(diff_dst, weights, src_spatial, *, strides=1, pads_begin=
     op = "dask.conv_backward_data"
     diff_dst = _as_dask(op, "diff_dst", diff_dst)
     weights = _as_dask(op, "weights", weights)
-    dt = ops.check_dtype(op, "diff_dst", diff_dst, integers=True)
-    ops.check_dtype(op, "weights", weights, integers=True)
-    ops.same_dtype(op, ("diff_dst", "weights"), (diff_dst, weights))
-    _check_rank(op, "diff_dst", diff_dst)
-    _check_rank(op, "weights", weights, diff_dst.ndim)
-    sp = _shape_list(op, "src_spatial", src_spatial, diff_dst.ndim - 2)
-    if any(v < 0 for v in sp):
-        raise ConvValueError(f"{op}: src_spatial must be non-negative, but got {list(sp)}")
-    if not isinstance(groups, bool) and isinstance(groups, (int, np.integer)) and groups >= 1:
-        ic = weights.shape[1] * int(groups)
-    else:
-        ic = weights.shape[1]  # make_spec reports the bad groups value
-    spec = make_spec(op, mb=diff_dst.shape[0], ic=ic, oc=weights.shape[0], groups=groups,
-                     src=sp, kernel=weights.shape[2:], strides=strides, dilations=dilations,
-                     pads_begin=pads_begin, pads_end=pads_end)
-    if diff_dst.shape != spec.dst_shape:
-        raise ConvValueError(f"{op}: diff_dst shape {describe_dst_mismatch(spec, diff_dst.shape)}")
-    algorithm, limit = _resolve(op, spec, "bwd_data", dt, algorithm, workspace_limit)
+    spec, dt = ops.validate_backward_data(op, diff_dst, weights, src_spatial, strides=strides,
+                                          pads_begin=pads_begin, pads_end=pads_end, dilations=dilations,
+                                          groups=groups)
+    algorithm, limit = ops.resolve(op, spec, "bwd_data", dt, algorithm, workspace_limit)
     weights = _one_block(weights)
 
     axes = [data_parts(*geo, ch) for geo, ch in zip(_axis_geometry(spec), diff_dst.chunks[2:])]
@@ -449,18 +402,9 @@ def conv_backward_weights(src, diff_dst, kernel, *, strides=1, pads_begin=0, pad
     op = "dask.conv_backward_weights"
     src = _as_dask(op, "src", src)
     diff_dst = _as_dask(op, "diff_dst", diff_dst)
-    dt = ops.check_dtype(op, "src", src, integers=True)
-    ops.check_dtype(op, "diff_dst", diff_dst, integers=True)
-    ops.same_dtype(op, ("src", "diff_dst"), (src, diff_dst))
-    _check_rank(op, "src", src)
-    _check_rank(op, "diff_dst", diff_dst, src.ndim)
-    kernel_t = _shape_list(op, "kernel", kernel, src.ndim - 2)
-    spec = make_spec(op, mb=src.shape[0], ic=src.shape[1], oc=diff_dst.shape[1], groups=groups,
-                     src=src.shape[2:], kernel=kernel_t, strides=strides, dilations=dilations,
-                     pads_begin=pads_begin, pads_end=pads_end)
-    if diff_dst.shape != spec.dst_shape:
-        raise ConvValueError(f"{op}: diff_dst shape {describe_dst_mismatch(spec, diff_dst.shape)}")
-    algorithm, limit = _resolve(op, spec, "bwd_weights", dt, algorithm, workspace_limit)
+    spec, dt = ops.validate_backward_weights(op, src, diff_dst, kernel, strides=strides, pads_begin=pads_begin,
+                                             pads_end=pads_end, dilations=dilations, groups=groups)
+    algorithm, limit = ops.resolve(op, spec, "bwd_weights", dt, algorithm, workspace_limit)
     acc = ops.compute_dtype(dt)  # partials: float32 (half types, float32), float64, int64
 
     axes = [forward_parts(*geo, _ranges(_bounds(ch), spec.dst[ax]))

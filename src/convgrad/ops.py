@@ -83,18 +83,82 @@ def _rank(op: str, name: str, arr: np.ndarray, rank: int | None = None) -> None:
         raise ConvValueError(f"{op}: {name} must have rank {rank}, but got shape {arr.shape}")
 
 
-def _algorithm(op: str, spec: ConvSpec, direction: str, dt: np.dtype, algorithm: str | None) -> str:
+def resolve(op: str, spec: ConvSpec, direction: str, dt: np.dtype, algorithm: str | None,
+            workspace_limit: int | None) -> tuple[str, int]:
+    """The algorithm (the caller's override, else ``choose_algorithm``) and workspace cap."""
     if algorithm is None:
-        return dispatch.choose_algorithm(spec, direction, dt)
-    if algorithm not in dispatch.ALGORITHMS:
+        algorithm = dispatch.choose_algorithm(spec, direction, dt)
+    elif algorithm not in dispatch.ALGORITHMS:
         raise ConvValueError(f"{op}: algorithm must be one of {dispatch.ALGORITHMS}, but got {algorithm!r}")
-    if dt.kind in "iu" and algorithm != "reference":
-        return "reference"   # exact integers: only the int64 reference is exact
-    return algorithm
+    elif dt.kind in "iu":
+        algorithm = "reference"   # exact integers: only the int64 reference is exact
+    limit = dispatch.get_workspace_limit() if workspace_limit is None else dispatch._check_limit(workspace_limit)
+    return algorithm, limit
 
 
-def _limit(limit: int | None) -> int:
-    return dispatch.get_workspace_limit() if limit is None else dispatch._check_limit(limit)
+def _spatial_list(op: str, name: str, value: object, nsp: int) -> tuple[int, ...]:
+    one = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    vals = int_list(op, name, (value,) if one else value)
+    if len(vals) != nsp:
+        raise ConvValueError(f"{op}: {name} must have one entry per spatial axis ({nsp}), but got {list(vals)}")
+    return vals
+
+
+# Validation shared by the canonical functions and convgrad.dask: it reads only ``.shape``,
+# ``.ndim`` and ``.dtype``, so NumPy and dask arrays go through the same rules.
+
+def validate_forward(op: str, src, weights, *, strides, pads_begin, pads_end, dilations, groups
+                     ) -> tuple[ConvSpec, np.dtype]:
+    dt = check_dtype(op, "src", src, integers=True)
+    check_dtype(op, "weights", weights, integers=True)
+    same_dtype(op, ("src", "weights"), (src, weights))
+    _rank(op, "src", src)
+    _rank(op, "weights", weights, src.ndim)
+    spec = make_spec(op, mb=src.shape[0], ic=src.shape[1], oc=weights.shape[0], groups=groups,
+                     src=src.shape[2:], kernel=weights.shape[2:], strides=strides, dilations=dilations,
+                     pads_begin=pads_begin, pads_end=pads_end)
+    if weights.shape[1] != spec.icg:
+        raise ConvValueError(f"{op}: weights must have shape (O, C // groups, *kernel) with C // groups = "
+                             f"{spec.ic} // {spec.groups} = {spec.icg}, but got {tuple(weights.shape)}")
+    return spec, dt
+
+
+def validate_backward_weights(op: str, src, diff_dst, kernel, *, strides, pads_begin, pads_end, dilations,
+                              groups) -> tuple[ConvSpec, np.dtype]:
+    dt = check_dtype(op, "src", src, integers=True)
+    check_dtype(op, "diff_dst", diff_dst, integers=True)
+    same_dtype(op, ("src", "diff_dst"), (src, diff_dst))
+    _rank(op, "src", src)
+    _rank(op, "diff_dst", diff_dst, src.ndim)
+    kernel_t = _spatial_list(op, "kernel", kernel, src.ndim - 2)
+    spec = make_spec(op, mb=src.shape[0], ic=src.shape[1], oc=diff_dst.shape[1], groups=groups,
+                     src=src.shape[2:], kernel=kernel_t, strides=strides, dilations=dilations,
+                     pads_begin=pads_begin, pads_end=pads_end)
+    if tuple(diff_dst.shape) != spec.dst_shape:
+        raise ConvValueError(f"{op}: diff_dst shape {describe_dst_mismatch(spec, diff_dst.shape)}")
+    return spec, dt
+
+
+def validate_backward_data(op: str, diff_dst, weights, src_spatial, *, strides, pads_begin, pads_end,
+                           dilations, groups) -> tuple[ConvSpec, np.dtype]:
+    dt = check_dtype(op, "diff_dst", diff_dst, integers=True)
+    check_dtype(op, "weights", weights, integers=True)
+    same_dtype(op, ("diff_dst", "weights"), (diff_dst, weights))
+    _rank(op, "diff_dst", diff_dst)
+    _rank(op, "weights", weights, diff_dst.ndim)
+    sp = _spatial_list(op, "src_spatial", src_spatial, diff_dst.ndim - 2)
+    if any(v < 0 for v in sp):
+        raise ConvValueError(f"{op}: src_spatial must be non-negative, but got {list(sp)}")
+    if not isinstance(groups, bool) and isinstance(groups, (int, np.integer)) and groups >= 1:
+        ic = weights.shape[1] * int(groups)
+    else:
+        ic = weights.shape[1]  # make_spec reports the bad groups value
+    spec = make_spec(op, mb=diff_dst.shape[0], ic=ic, oc=weights.shape[0], groups=groups,
+                     src=sp, kernel=weights.shape[2:], strides=strides, dilations=dilations,
+                     pads_begin=pads_begin, pads_end=pads_end)
+    if tuple(diff_dst.shape) != spec.dst_shape:
+        raise ConvValueError(f"{op}: diff_dst shape {describe_dst_mismatch(spec, diff_dst.shape)}")
+    return spec, dt
 
 
 def _run(direction: str, spec: ConvSpec, a: np.ndarray, b: np.ndarray, out_dtype: np.dtype,
@@ -117,21 +181,11 @@ def conv_forward(src, weights, *, strides=1, pads_begin=0, pads_end=0, dilations
                  algorithm: str | None = None, workspace_limit: int | None = None) -> np.ndarray:
     """Forward convolution: ``(N, C, *i)`` x ``(O, C // groups, *k)`` -> ``(N, O, *o)``."""
     op = "conv_forward"
-    src = as_array(op, "src", src)
-    weights = as_array(op, "weights", weights)
-    dt = check_dtype(op, "src", src, integers=True)
-    check_dtype(op, "weights", weights, integers=True)
-    same_dtype(op, ("src", "weights"), (src, weights))
-    _rank(op, "src", src)
-    _rank(op, "weights", weights, src.ndim)
-    spec = make_spec(op, mb=src.shape[0], ic=src.shape[1], oc=weights.shape[0], groups=groups,
-                     src=src.shape[2:], kernel=weights.shape[2:], strides=strides, dilations=dilations,
-                     pads_begin=pads_begin, pads_end=pads_end)
-    if weights.shape[1] != spec.icg:
-        raise ConvValueError(f"{op}: weights must have shape (O, C // groups, *kernel) with C // groups = "
-                             f"{spec.ic} // {spec.groups} = {spec.icg}, but got {weights.shape}")
+    src, weights = as_array(op, "src", src), as_array(op, "weights", weights)
+    spec, dt = validate_forward(op, src, weights, strides=strides, pads_begin=pads_begin, pads_end=pads_end,
+                                dilations=dilations, groups=groups)
     check_output_size(op, spec.dst_shape, dt.itemsize)
-    return _run("fwd", spec, src, weights, dt, _algorithm(op, spec, "fwd", dt, algorithm), _limit(workspace_limit))
+    return _run("fwd", spec, src, weights, dt, *resolve(op, spec, "fwd", dt, algorithm, workspace_limit))
 
 
 def conv_backward_weights(src, diff_dst, kernel, *, strides=1, pads_begin=0, pads_end=0, dilations=1,
@@ -139,24 +193,12 @@ def conv_backward_weights(src, diff_dst, kernel, *, strides=1, pads_begin=0, pad
                           workspace_limit: int | None = None) -> np.ndarray:
     """Weights gradient ``(O, C // groups, *kernel)`` of ``conv_forward``."""
     op = "conv_backward_weights"
-    src = as_array(op, "src", src)
-    diff_dst = as_array(op, "diff_dst", diff_dst)
-    dt = check_dtype(op, "src", src, integers=True)
-    check_dtype(op, "diff_dst", diff_dst, integers=True)
-    same_dtype(op, ("src", "diff_dst"), (src, diff_dst))
-    _rank(op, "src", src)
-    _rank(op, "diff_dst", diff_dst, src.ndim)
-    kernel_t = int_list(op, "kernel", (kernel,) if isinstance(kernel, (int, np.integer)) and not isinstance(kernel, bool) else kernel)
-    if len(kernel_t) != src.ndim - 2:
-        raise ConvValueError(f"{op}: kernel must have one entry per spatial axis ({src.ndim - 2}), but got {list(kernel_t)}")
-    spec = make_spec(op, mb=src.shape[0], ic=src.shape[1], oc=diff_dst.shape[1], groups=groups,
-                     src=src.shape[2:], kernel=kernel_t, strides=strides, dilations=dilations,
-                     pads_begin=pads_begin, pads_end=pads_end)
-    if diff_dst.shape != spec.dst_shape:
-        raise ConvValueError(f"{op}: diff_dst shape {describe_dst_mismatch(spec, diff_dst.shape)}")
+    src, diff_dst = as_array(op, "src", src), as_array(op, "diff_dst", diff_dst)
+    spec, dt = validate_backward_weights(op, src, diff_dst, kernel, strides=strides, pads_begin=pads_begin,
+                                         pads_end=pads_end, dilations=dilations, groups=groups)
     check_output_size(op, spec.weights_shape, dt.itemsize)
-    return _run("bwd_weights", spec, src, diff_dst, dt, _algorithm(op, spec, "bwd_weights", dt, algorithm),
-                _limit(workspace_limit))
+    return _run("bwd_weights", spec, src, diff_dst, dt,
+                *resolve(op, spec, "bwd_weights", dt, algorithm, workspace_limit))
 
 
 def conv_backward_data(diff_dst, weights, src_spatial, *, strides=1, pads_begin=0, pads_end=0,
@@ -164,27 +206,9 @@ def conv_backward_data(diff_dst, weights, src_spatial, *, strides=1, pads_begin=
                        workspace_limit: int | None = None) -> np.ndarray:
     """Data gradient ``(N, C, *src_spatial)`` of ``conv_forward`` (a transposed convolution)."""
     op = "conv_backward_data"
-    diff_dst = as_array(op, "diff_dst", diff_dst)
-    weights = as_array(op, "weights", weights)
-    dt = check_dtype(op, "diff_dst", diff_dst, integers=True)
-    check_dtype(op, "weights", weights, integers=True)
-    same_dtype(op, ("diff_dst", "weights"), (diff_dst, weights))
-    _rank(op, "diff_dst", diff_dst)
-    _rank(op, "weights", weights, diff_dst.ndim)
-    sp = int_list(op, "src_spatial", (src_spatial,) if isinstance(src_spatial, (int, np.integer)) and not isinstance(src_spatial, bool) else src_spatial)
-    if len(sp) != diff_dst.ndim - 2:
-        raise ConvValueError(f"{op}: src_spatial must have one entry per spatial axis ({diff_dst.ndim - 2}), but got {list(sp)}")
-    if any(v < 0 for v in sp):
-        raise ConvValueError(f"{op}: src_spatial must be non-negative, but got {list(sp)}")
-    if not isinstance(groups, bool) and isinstance(groups, (int, np.integer)) and groups >= 1:
-        ic = weights.shape[1] * int(groups)
-    else:
-        ic = weights.shape[1]  # make_spec reports the bad groups value
-    spec = make_spec(op, mb=diff_dst.shape[0], ic=ic, oc=weights.shape[0], groups=groups,
-                     src=sp, kernel=weights.shape[2:], strides=strides, dilations=dilations,
-                     pads_begin=pads_begin, pads_end=pads_end)
-    if diff_dst.shape != spec.dst_shape:
-        raise ConvValueError(f"{op}: diff_dst shape {describe_dst_mismatch(spec, diff_dst.shape)}")
+    diff_dst, weights = as_array(op, "diff_dst", diff_dst), as_array(op, "weights", weights)
+    spec, dt = validate_backward_data(op, diff_dst, weights, src_spatial, strides=strides, pads_begin=pads_begin,
+                                      pads_end=pads_end, dilations=dilations, groups=groups)
     check_output_size(op, spec.src_shape, dt.itemsize)
-    return _run("bwd_data", spec, diff_dst, weights, dt, _algorithm(op, spec, "bwd_data", dt, algorithm),
-                _limit(workspace_limit))
+    return _run("bwd_data", spec, diff_dst, weights, dt,
+                *resolve(op, spec, "bwd_data", dt, algorithm, workspace_limit))
