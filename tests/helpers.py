@@ -18,3 +18,30 @@ def rel_err(got: np.ndarray, want: np.ndarray) -> float:
 def feasible(src, kernel, dilations, pads_begin, pads_end) -> bool:
     return all(i + b + e >= d * (k - 1) + 1
                for i, k, d, b, e in zip(src, kernel, dilations, pads_begin, pads_end))
+
+
+class Tally:
+    """Cases compared and worst relative error per key, printed once at the end of a test
+    module (shown in passing runs too: the issue notes quote these figures)."""
+
+    def __init__(self, title: str) -> None:
+        self.title = title
+        self.stats: dict = {}
+
+    def record(self, key, err: float) -> None:
+        n, worst = self.stats.get(key, (0, 0.0))
+        self.stats[key] = (n + 1, max(worst, err))
+
+    def report(self, request) -> None:
+        if not self.stats:
+            return
+        lines = ["", f"{self.title}: cases, worst rel err"]
+        for key, (n, worst) in sorted(self.stats.items()):
+            name = "  ".join(map(str, key)) if isinstance(key, tuple) else str(key)
+            lines.append(f"  {name:52s} {n:5d}  {worst:.2e}")
+        capture = request.config.pluginmanager.get_plugin("capturemanager")
+        if capture is None:
+            print("\n".join(lines))
+            return
+        with capture.global_and_fixture_disabled():
+            print("\n".join(lines))

@@ -35,29 +35,26 @@ from convgrad import onednn as od
 from convgrad import openvino as ov
 from convgrad.tensorflow import raw_ops as R
 
-from .helpers import rel_err
+from .helpers import Tally, rel_err
 from .oracles import onednn_graph as og
 from .test_fuzz_frontends import Call, onednn_model, openvino_model, tensorflow_model
 
 F32 = np.float32
 BF16 = ml_dtypes.bfloat16
-STATS: dict[str, list] = {}
+TALLY = Tally("edge cases vs the real frameworks (framework)")
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _print_stats():
+def _print_stats(request):
     yield
-    for name, (n, worst) in sorted(STATS.items()):
-        print(f"\n[edge cases vs {name}] {n} cases, worst rel err {worst:.3g}")
+    TALLY.report(request)
 
 
 def record(framework: str, got, want, tol: float = 1e-5) -> None:
     got, want = np.asarray(got), np.asarray(want)
     assert got.shape == want.shape, (framework, got.shape, want.shape)
     err = rel_err(got.astype(np.float64), want.astype(np.float64)) if got.size else 0.0
-    entry = STATS.setdefault(framework, [0, 0.0])
-    entry[0] += 1
-    entry[1] = max(entry[1], err)
+    TALLY.record(framework, err)
     assert err <= tol, (framework, err)
 
 

@@ -30,7 +30,7 @@ import convgrad
 import convgrad.onednn as od
 from convgrad.opdoc import REGISTRY
 
-from .helpers import rel_err
+from .helpers import Tally, rel_err
 from .oracles import onednn_graph as og
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -40,26 +40,17 @@ AUTO_PADS = ("none", "same_upper", "same_lower", "valid")
 TOL = {"f64": 1e-12, "f32": 1e-5, "bf16_lib": 1e-2, "bf16": 5e-3, "f16": 1e-3}
 DT = {"f64": np.float64, "f32": np.float32, "bf16": BF16, "f16": np.float16}
 
-# worst relative error and case count per (op, oracle, dtype), printed at the end of the module
-STATS: dict = {}
+TALLY = Tally("convgrad.onednn comparisons (op, oracle, dtype)")
 
 
 def _record(op: str, oracle: str, dt: str, err: float) -> None:
-    n, worst = STATS.get((op, oracle, dt), (0, 0.0))
-    STATS[(op, oracle, dt)] = (n + 1, max(worst, err))
+    TALLY.record((op, oracle, dt), err)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _report(request):
     yield
-    if not STATS:
-        return
-    lines = ["", "convgrad.onednn comparisons: op, oracle, dtype: cases, worst rel err"]
-    lines += [f"  {op:30s} {orc:8s} {dt:5s} {n:4d}  {w:.2e}" for (op, orc, dt), (n, w) in sorted(STATS.items())]
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if capture is not None:
-        with capture.global_and_fixture_disabled():
-            print("\n".join(lines))
+    TALLY.report(request)
 
 
 # --------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import convgrad
 from convgrad import openvino as cov
 from convgrad.opdoc import REGISTRY
 
-from .helpers import rel_err
+from .helpers import Tally, rel_err
 
 MODES = ("explicit", "valid", "same_upper", "same_lower")
 
@@ -34,7 +34,7 @@ MODES = ("explicit", "valid", "same_upper", "same_lower")
 _CORE = ov.Core()
 _NF = NodeFactory("opset1")
 _CONFIG = {"INFERENCE_PRECISION_HINT": "f32"}
-STATS: dict[str, list] = {}   # convgrad op -> [cases compared with the runtime, worst relative error]
+TALLY = Tally("convgrad.openvino vs the openvino runtime (op)")
 
 
 def ov_run(op_type, data, filters, attrs, output_shape=None):
@@ -52,16 +52,13 @@ def ov_run(op_type, data, filters, attrs, output_shape=None):
 
 
 def _record(op_type, err):
-    entry = STATS.setdefault(op_type, [0, 0.0])
-    entry[0] += 1
-    entry[1] = max(entry[1], err)
+    TALLY.record(op_type, err)
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _report_stats():
+def _report_stats(request):
     yield
-    for op_type, (n, worst) in sorted(STATS.items()):
-        print(f"\n[openvino runtime] {op_type}: {n} cases, worst rel err {worst:.3g}")
+    TALLY.report(request)
 
 
 def compare(op_name, data, filters, attrs, output_shape=None, tol=1e-5):

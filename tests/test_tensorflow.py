@@ -40,7 +40,7 @@ import convgrad
 from convgrad.opdoc import REGISTRY
 from convgrad.tensorflow import raw_ops as R
 
-from .helpers import rel_err
+from .helpers import Tally, rel_err
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DT = {"f64": np.dtype(np.float64), "f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": BF16,
@@ -83,27 +83,17 @@ TF_TWIN = {"Conv2DBackpropFilterV2": "Conv2DBackpropFilter", "Conv2DBackpropInpu
            "Conv3DBackpropFilter": "Conv3DBackpropFilterV2", "Conv3DBackpropInput": "Conv3DBackpropInputV2"}
 V1_3D = ("Conv3DBackpropFilter", "Conv3DBackpropInput")   # NDHWC only, no data_format attribute
 
-STATS: dict = {}   # (op, oracle, dtype) -> (cases, worst rel err), printed at the end of the module
+TALLY = Tally("convgrad.tensorflow comparisons (op, oracle, dtype)")
 
 
 def _record(op: str, oracle: str, dt: str, err: float) -> None:
-    n, worst = STATS.get((op, oracle, dt), (0, 0.0))
-    STATS[(op, oracle, dt)] = (n + 1, max(worst, err))
+    TALLY.record((op, oracle, dt), err)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _report(request):
     yield
-    if not STATS:
-        return
-    lines = ["", "convgrad.tensorflow comparisons: op, oracle, dtype: cases, worst rel err"]
-    lines += [f"  {op:38s} {orc:6s} {dt:5s} {n:4d}  {w:.2e}" for (op, orc, dt), (n, w) in sorted(STATS.items())]
-    capture = request.config.pluginmanager.get_plugin("capturemanager")
-    if capture is None:
-        print("\n".join(lines))
-        return
-    with capture.global_and_fixture_disabled():   # shown in passing runs too
-        print("\n".join(lines))
+    TALLY.report(request)
 
 
 # ---------------------------------------------------------------------------------------------
