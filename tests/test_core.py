@@ -479,3 +479,30 @@ def test_peak_memory_within_result_plus_cap(alg):
                 finally:
                     tracemalloc.stop()
                 assert peak <= out.nbytes + cap + (64 << 10), (str(spec), alg, peak, out.nbytes)
+
+
+@pytest.mark.parametrize("direction", ["fwd", "bwd_weights", "bwd_data"])
+@pytest.mark.parametrize("alg", FAST)
+def test_blocks_are_balanced_and_cover_the_problem(direction, alg):
+    """Planning is a pure function of the problem: blocks cover every image and row once,
+    slabs of one image differ by at most one row, and a large problem gets an even number
+    of blocks (two threads finish together): 812 rows -> 406 + 406, not 512 + 300."""
+    from convgrad.kernels import gemm
+    cases = [_spec(1, 512, 256, 1, (812,), (1,), (1,), (1,), (0,), (0,)),
+             _spec(8, 32, 32, 1, (10543,), (2,), (1,), (1,), (0,), (0,)),
+             _spec(1, 32, 64, 1, (19, 22, 22), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)),
+             _spec(5, 64, 64, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+             _spec(3, 4, 6, 2, (11, 9), (3, 2), (2, 1), (1, 2), (1, 0), (2, 1))]
+    for spec in cases:
+        geom = gemm.geometry(spec)
+        extent, _ = gemm._extent(geom, direction, alg)
+        blocks = gemm.plan(geom, direction, alg, 4, dispatch.DEFAULT_WORKSPACE_LIMIT, dispatch.ROWS_TARGET)
+        assert blocks == gemm.plan(geom, direction, alg, 4, dispatch.DEFAULT_WORKSPACE_LIMIT, dispatch.ROWS_TARGET)
+        covered = np.zeros((spec.mb, extent), dtype=int)
+        for b in blocks:
+            covered[b.n0:b.n0 + b.nb, b.r0:b.r1] += 1
+        assert (covered == 1).all(), spec
+        sizes = [b.nb if b.whole else b.r1 - b.r0 for b in blocks]      # images, or slab rows
+        assert max(sizes) - min(sizes) <= 1, (spec, sizes)
+        if spec.flops >= gemm.PARALLEL_FLOPS and not blocks[0].whole:
+            assert len(blocks) % 2 == 0, (spec, len(blocks))

@@ -72,7 +72,7 @@ ELEMENTWISE_CHUNK = 1 << 16
 IM2COL_WIDTH = 512
 # Large problems get at least MIN_BLOCKS blocks (work for every thread) of at least
 # MIN_BLOCK_ROWS rows (long enough for efficient products).
-MIN_BLOCKS = 8
+MIN_BLOCKS = 4
 MIN_BLOCK_ROWS = 512
 PARALLEL_FLOPS = 20_000_000
 
@@ -155,14 +155,17 @@ def _img_rows(geom: PhaseGeometry, algorithm: str) -> int:
 
 
 def _natural(geom: PhaseGeometry, direction: str, algorithm: str, rows_target: int) -> tuple[int, int]:
-    """(images per whole block, axis-0 rows per slab) decided by the problem alone.
+    """(images per whole block, slabs per image) decided by the problem alone.
 
     Blocks hold about ``rows_target`` rows (fewer for wide column matrices), and a large
     problem (``PARALLEL_FLOPS`` or more, made of BLAS products) is cut into at least
     ``MIN_BLOCKS`` blocks of at least ``MIN_BLOCK_ROWS`` rows, or in two when it has fewer
     rows than that (deep layers: few rows, long reductions), so that the thread pool has
-    work for every thread. Element-wise (depthwise) work keeps its large blocks: its many
-    short NumPy calls would only contend for the interpreter.
+    work for every thread. Sizes are balanced (equal image counts, slabs that differ by at
+    most one row), and a large problem cut into an odd number of slabs gets one slab less
+    (or more, for three), so that two threads finish together. Element-wise (depthwise)
+    work keeps its large blocks: its many short NumPy calls would only contend for the
+    interpreter.
     """
     spec = geom.spec
     if algorithm == "im2col":
@@ -172,7 +175,8 @@ def _natural(geom: PhaseGeometry, direction: str, algorithm: str, rows_target: i
     img = _img_rows(geom, algorithm)
     elementwise = {"fwd": spec.icg == 1, "bwd_data": spec.ocg == 1,
                    "bwd_weights": spec.icg == spec.ocg == 1}[direction] and algorithm == "taps"
-    if spec.flops >= PARALLEL_FLOPS and not elementwise:
+    parallel = spec.flops >= PARALLEL_FLOPS and not elementwise
+    if parallel:
         total = spec.mb * img
         rows_target = min(rows_target, max(MIN_BLOCK_ROWS, -(-total // MIN_BLOCKS)))
         if total <= rows_target:                  # still one block: split it in two
@@ -180,16 +184,25 @@ def _natural(geom: PhaseGeometry, direction: str, algorithm: str, rows_target: i
             rows_target = max(MIN_BLOCK_ROWS // 8, half)
     if img <= rows_target:
         per = max(1, rows_target // max(1, img))
-        return -(-spec.mb // -(-spec.mb // per)) if spec.mb else per, extent   # even blocks
-    return 1, max(1, min(extent, rows_target // max(1, row_len)))
+        return (-(-spec.mb // -(-spec.mb // per)) if spec.mb else per), 1    # even blocks
+    slabs = -(-extent // max(1, min(extent, rows_target // max(1, row_len))))
+    if parallel and slabs > 1 and (spec.mb * slabs) % 2:
+        slabs = slabs + 1 if slabs == 3 else slabs - 1
+    return 1, slabs
 
 
-def _make_blocks(geom: PhaseGeometry, direction: str, algorithm: str, per: int, h: int) -> list[Block]:
+def _bounds(extent: int, slabs: int) -> list[int]:
+    """Row boundaries of ``slabs`` balanced slabs of ``extent`` rows (sizes differ by <= 1)."""
+    return [extent * i // slabs for i in range(slabs + 1)]
+
+
+def _make_blocks(geom: PhaseGeometry, direction: str, algorithm: str, per: int, slabs: int) -> list[Block]:
     spec = geom.spec
     extent, _ = _extent(geom, direction, algorithm)
-    if h >= extent:
+    if slabs <= 1:
         return [Block(n0, min(per, spec.mb - n0), 0, extent, True) for n0 in range(0, spec.mb, per)]
-    return [Block(n, 1, r0, min(r0 + h, extent), False) for n in range(spec.mb) for r0 in range(0, extent, h)]
+    cuts = _bounds(extent, min(slabs, extent))
+    return [Block(n, 1, r0, r1, False) for n in range(spec.mb) for r0, r1 in zip(cuts, cuts[1:])]
 
 
 def _grid_rows(geom: PhaseGeometry, b: Block) -> int:
@@ -231,19 +244,21 @@ def plan(geom: PhaseGeometry, direction: str, algorithm: str, itemsize: int,
          workspace_limit: int, rows_target: int) -> list[Block]:
     """Blocks for one call: the problem decides them; the cap only shrinks them to fit.
 
-    Shrinking halves the images per block first, then the rows per slab.
+    Shrinking halves the images per block first (keeping them balanced), then doubles the
+    slabs per image.
     """
-    per, h = _natural(geom, direction, algorithm, rows_target)
+    per, slabs = _natural(geom, direction, algorithm, rows_target)
     extent, _ = _extent(geom, direction, algorithm)
     while True:
-        blocks = _make_blocks(geom, direction, algorithm, per, h)
+        blocks = _make_blocks(geom, direction, algorithm, per, slabs)
         worst = max((workspace_bytes(geom, direction, algorithm, b, itemsize) for b in blocks), default=0)
         if worst <= workspace_limit:
             return blocks
         if per > 1:
             per //= 2
-        elif h > 1:
-            h = min(h, extent) // 2 if min(h, extent) > 1 else 1
+            per = -(-geom.spec.mb // -(-geom.spec.mb // per))
+        elif slabs < extent:
+            slabs = min(extent, 2 * slabs)
         else:
             raise WorkspaceError(
                 f"{direction}: the workspace limit ({workspace_limit} bytes) is too small for the "
