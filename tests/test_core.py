@@ -506,3 +506,21 @@ def test_blocks_are_balanced_and_cover_the_problem(direction, alg):
         assert max(sizes) - min(sizes) <= 1, (spec, sizes)
         if spec.flops >= gemm.PARALLEL_FLOPS and not blocks[0].whole:
             assert len(blocks) % 2 == 0, (spec, len(blocks))
+
+
+def test_pointwise_single_position_and_short_images(monkeypatch):
+    """1x1 kernels on 1x1 images (a classifier: the batch is the GEMM's row axis, read in
+    place) and on images shorter than POINTWISE_MIN_ROWS (packed), grouped and not, with
+    several blocks, match the reference; the cost model prefers the copy-free taps."""
+    from convgrad.kernels import gemm
+    spec = _spec(32, 1024, 5, 1, (1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    assert gemm.pointwise_spec(spec)
+    assert not gemm.pointwise_spec(_spec(32, 1024, 5, 1, (3, 3), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)))
+    for d in ("fwd", "bwd_weights", "bwd_data"):
+        assert cg.choose_algorithm(spec, d) == "taps"
+    rng = np.random.default_rng(31)
+    for rows in (dispatch.ROWS_TARGET, 5):
+        monkeypatch.setattr(dispatch, "ROWS_TARGET", rows)
+        _check_all(_spec(13, 12, 10, 2, (1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), rng)
+        _check_all(_spec(7, 9, 5, 1, (1,), (1,), (1,), (1,), (0,), (0,)), rng)
+        _check_all(_spec(3, 6, 4, 1, (3, 5), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), rng)

@@ -31,7 +31,7 @@ from typing import Iterator
 import numpy as np
 
 from .errors import ConvTypeError, ConvValueError
-from .kernels.gemm import flipped_spec
+from .kernels.gemm import flipped_spec, pointwise_spec
 from .spec import ConvSpec
 
 ALGORITHMS = ("reference", "im2col", "taps")
@@ -136,7 +136,7 @@ def estimate_cost(spec: ConvSpec, direction: str, algorithm: str) -> float:
     img = max(1, wide // max(1, spec.mb))
     blocks = max(1, -(-wide // ROWS_TARGET)) if img <= ROWS_TARGET else spec.mb * -(-img // ROWS_TARGET)
     calls = CALL_SECONDS * blocks * (t + 6)
-    moves = COPY_SECONDS * (spec.ic * wide + spec.oc * wide)
+    moves = 0.0 if pointwise_spec(spec) else COPY_SECONDS * (spec.ic * wide + spec.oc * wide)
     if direction == "bwd_weights":
         return _gemm_seconds(og, cg, wide, g * t) + moves + calls
     m, k = (og, cg) if direction == "fwd" else (cg, og)

@@ -94,6 +94,9 @@ def _self_test(found: dict) -> bool:
         want[:, 1:10] += a @ b
         if not np.allclose(out, want, rtol=1e-5, atol=1e-5):
             return False
+        col = np.zeros((12, 7), dtype=dt).T[:, 2:11]              # column-major out
+        if not _blas_call(found, a, b, col, False) or not np.allclose(col, a @ b, rtol=1e-5, atol=1e-5):
+            return False
     return True
 
 
@@ -116,7 +119,12 @@ def _blas_call(found: dict, a: np.ndarray, b: np.ndarray, out: np.ndarray, accum
     (m, k), (k2, n) = a.shape, b.shape
     if min(m, n, k) < 1 or k != k2 or out.shape != (m, n):
         return False
-    pa, pb, po = _operand(a), _operand(b), _operand(out)
+    po = _operand(out)
+    if po is not None and po[0] == _TRANS:       # column-major out: out^T = b^T @ a^T
+        a, b, out = b.T, a.T, out.T
+        m, n = n, m
+        po = _operand(out)
+    pa, pb = _operand(a), _operand(b)
     if pa is None or pb is None or po is None or po[0] != _NO_TRANS:
         return False
     fn, ctype = entry
