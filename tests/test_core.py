@@ -524,3 +524,36 @@ def test_pointwise_single_position_and_short_images(monkeypatch):
         _check_all(_spec(13, 12, 10, 2, (1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), rng)
         _check_all(_spec(7, 9, 5, 1, (1,), (1,), (1,), (1,), (0,), (0,)), rng)
         _check_all(_spec(3, 6, 4, 1, (3, 5), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), rng)
+
+
+def test_stride_one_unpadded_taps_read_and_write_in_place(monkeypatch):
+    """Stride 1 without front padding: a one-image block's phase grid is ``src`` itself, and
+    with no halo after axis 0 the forward result, ``diff_dst`` (weights gradient) and the
+    data gradient are used in place. Slabs of one image (halo rows shared with the next
+    slab), whole single images, depthwise (element-wise) products, groups, pads at the end
+    only (packed again), and non-contiguous or half inputs (packed) all match the reference."""
+    from convgrad.kernels import gemm
+    rng = np.random.default_rng(41)
+    cases = [_spec(2, 3, 5, 1, (23,), (3,), (1,), (2,), (0,), (0,)),
+             _spec(1, 4, 6, 2, (9, 7), (3, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
+             _spec(2, 3, 4, 1, (8, 7), (2, 3), (1, 1), (1, 2), (0, 0), (0, 0)),
+             _spec(1, 2, 3, 1, (6, 5, 7), (2, 2, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)),
+             _spec(2, 4, 4, 4, (15,), (3,), (1,), (1,), (0,), (0,)),
+             _spec(2, 3, 5, 1, (17,), (4,), (1,), (1,), (0,), (2,))]
+    for rows in (3, 8, dispatch.ROWS_TARGET):
+        monkeypatch.setattr(dispatch, "ROWS_TARGET", rows)
+        for spec in cases:
+            _check_all(spec, rng, algorithms=("taps",))
+    spec = cases[0]
+    geom = gemm.geometry(spec)
+    x = rng.standard_normal(spec.src_shape)
+    b = gemm.Block(1, 1, 4, 9, False)
+    view = gemm._src_flat(geom, x, b, 5 + geom.max_sh[0], np.float64)
+    assert np.shares_memory(view, x) and view.shape == (1, 1, 3, 9)
+    assert not np.shares_memory(gemm._src_flat(geom, np.asfortranarray(x), b, 7, np.float64), x)
+    assert not np.shares_memory(gemm._src_flat(geom, x, b, 7, np.float32), x)
+    w = rng.standard_normal(spec.weights_shape)
+    dy = rng.standard_normal(spec.dst_shape)
+    for got, want in ((cg.conv_forward(x.astype(np.float16), w.astype(np.float16), **_kw(spec)), ref.conv_forward(spec, x, w)),
+                      (cg.conv_backward_data(dy[:, :, ::-1], w, spec.src, **_kw(spec)), ref.conv_backward_data(spec, dy[:, :, ::-1], w))):
+        assert rel_err(got, want) <= 1e-2

@@ -334,6 +334,16 @@ def _src_grid(geom: PhaseGeometry, src: np.ndarray, b: Block, rows0: int, dtype)
     return out
 
 
+def _src_flat(geom: PhaseGeometry, src: np.ndarray, b: Block, rows0: int, dtype) -> np.ndarray:
+    """A block's phase grids flat: (phases, G, Cg, nb * rows0 * row_len); ``src`` itself
+    when it is the one phase grid (``_rows_in_place``), else packed by ``_src_grid``."""
+    if _unit_phase(geom.spec):
+        view = _rows_in_place(geom, src, b, b.r0, rows0, geom.q, geom.spec.groups, dtype)
+        if view is not None:
+            return view[None]
+    return _src_grid(geom, src, b, rows0, dtype).reshape(len(geom.phases), geom.spec.groups, geom.spec.icg, -1)
+
+
 def _dst_grid(geom: PhaseGeometry, ddst: np.ndarray, b: Block, rows0: int, first: int, dtype,
               front: int = 0) -> np.ndarray:
     """``diff_dst`` rows ``[first, first + rows0)`` of axis 0 on the wide grid, channel-major
@@ -483,6 +493,28 @@ def _col2im(spec: ConvSpec, z: np.ndarray, padded: np.ndarray) -> None:
         view += part
 
 
+def _rows_in_place(geom: PhaseGeometry, a: np.ndarray, b: Block, first: int, rows0: int, grid: tuple[int, ...],
+                   groups: int, dtype) -> np.ndarray | None:
+    """Rows ``[first, first + rows0)`` of axis 0 of image ``b.n0`` of a canonical array as a
+    flat (G, C/G, rows0 * row_len) *view*, when that is exactly a block's wide grid: one
+    image, every spatial axis after the first as long as the grid's, the rows inside the
+    array, compute type, C-contiguous. Else None (the grid is then packed).
+
+    For ``src`` (stride 1, no padding: one phase whose cell ``q`` is input index ``q``) this
+    is the phase grid itself; for ``diff_dst`` when no axis after the first has a halo; for
+    the results the rows they are written to. Channels are ``prod(spatial)`` apart, which
+    BLAS reads as the leading dimension of a matrix."""
+    if (b.nb != 1 or a.dtype != dtype or not a.flags.c_contiguous or first < 0
+            or first + rows0 > a.shape[2] or tuple(a.shape[3:]) != grid[1:]):
+        return None
+    return a[b.n0, :, first:first + rows0].reshape(groups, a.shape[1] // groups, -1)
+
+
+def _unit_phase(spec: ConvSpec) -> bool:
+    """Stride 1 and no padding at the front: the one phase grid is the input itself."""
+    return all(s == 1 for s in spec.strides) and not any(spec.pads_begin)
+
+
 def _dst_rows(spec: ConvSpec, ddst: np.ndarray, b: Block, dtype) -> np.ndarray:
     """``diff_dst`` of a block, channel-major and exact: (O, nb, r1 - r0, *dst[1:])."""
     part = ddst[slice(b.n0, b.n0 + b.nb), :, b.r0:b.r1]
@@ -495,11 +527,12 @@ def _dst_rows(spec: ConvSpec, ddst: np.ndarray, b: Block, dtype) -> np.ndarray:
 # Products
 # ---------------------------------------------------------------------------------------
 
-def _product(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool, tmp: np.ndarray) -> None:
+def _product(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool, tmp: np.ndarray | None) -> None:
     """``out (+)= a @ b`` for (G, M, K) @ (G, K, N). K = 1 (depthwise) is an element-wise
-    multiply-add, run over channel chunks small enough to stay in cache."""
+    multiply-add, run over channel chunks small enough to stay in cache (``tmp``, the
+    shape of ``out``, holds a chunk's product when accumulating)."""
     if a.shape[-1] != 1:
-        matmul_into(a, b, out, accumulate, tmp)
+        matmul_into(a, b, out, accumulate)
         return
     g, m, n = out.shape
     step = max(1, ELEMENTWISE_CHUNK // max(1, m * n))
@@ -513,8 +546,13 @@ def _product(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool, tm
             np.multiply(a[gs], b[gs], out=out[gs])
 
 
-def _sum_products(pairs, out: np.ndarray, tmp: np.ndarray) -> None:
+def _sum_products(pairs, out: np.ndarray) -> None:
+    """``out = sum a @ b`` over the pairs; BLAS products accumulate in place (``beta = 1``),
+    only element-wise ones need a temporary."""
+    tmp = None
     for i, (a, b) in enumerate(pairs):
+        if i == 1 and a.shape[-1] == 1:
+            tmp = np.empty_like(out)
         _product(a, b, out, i > 0, tmp)
 
 
@@ -707,13 +745,16 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
 
         def work(b: Block) -> None:
             rows0 = _grid_rows(geom, b)
-            flat = _src_grid(geom, src, b, rows0, dtype).reshape(len(geom.phases), g, cg, -1)
+            flat = _src_flat(geom, src, b, rows0, dtype)
             rows = flat.shape[-1]
             span = rows - geom.max_off
+            out = _rows_in_place(geom, dst, b, b.r0, b.r1 - b.r0, geom.q, g, dtype)
+            pairs = ((w[i], flat[ph, :, :, off:off + span]) for i, (ph, off) in enumerate(geom.taps))
+            if out is not None and out.shape[-1] == span:     # no halo after axis 0: write in place
+                _sum_products(pairs, out)
+                return
             y = np.empty((g, og, rows), dtype=dtype)
-            tmp = np.empty((g, og, span), dtype=dtype)
-            _sum_products(((w[i], flat[ph, :, :, off:off + span]) for i, (ph, off) in enumerate(geom.taps)),
-                          y[:, :, :span], tmp)
+            _sum_products(pairs, y[:, :, :span])
             grid = y.reshape((spec.oc, b.nb, rows0) + geom.q[1:])
             valid = grid[(slice(None), slice(None), slice(0, b.r1 - b.r0)) + inner]
             dst[b.n0:b.n0 + b.nb, :, b.r0:b.r1] = valid.swapaxes(0, 1)
@@ -748,9 +789,11 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     else:
         def work(b: Block) -> np.ndarray:
             rows0 = _grid_rows(geom, b)
-            flat = _src_grid(geom, src, b, rows0, dtype).reshape(len(geom.phases), g, cg, -1)
+            flat = _src_flat(geom, src, b, rows0, dtype)
             span = flat.shape[-1] - geom.max_off
-            dy = _dst_grid(geom, diff_dst, b, rows0, b.r0, dtype).reshape(g, og, -1)[:, :, :span]
+            dy = _rows_in_place(geom, diff_dst, b, b.r0, b.r1 - b.r0, geom.q, g, dtype)
+            if dy is None or dy.shape[-1] != span:
+                dy = _dst_grid(geom, diff_dst, b, rows0, b.r0, dtype).reshape(g, og, -1)[:, :, :span]
             part = np.empty((t, g, og, cg), dtype=dtype)
             for i, (ph, off) in enumerate(geom.taps):
                 if og == 1 and cg == 1:                # depthwise: one dot per group, no BLAS
@@ -848,6 +891,7 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
         _run_blocks(work, blocks, worst, workspace_limit, (cg, _block_rows(geom, algorithm, blocks), og))
         return dsrc
     by_phase = [[i for i, (ph, _) in enumerate(geom.taps) if ph == p] for p in range(len(geom.phases))]
+    unit = _unit_phase(spec) and geom.q == spec.src
 
     def work(b: Block) -> None:
         rows0 = _grid_rows(geom, b)
@@ -860,14 +904,17 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
         out_rows = (b.r1 - b.r0) if not b.whole else geom.q[0]
         q_lo = (b.r0,) + (0,) * (spec.nsp - 1)
         q_hi = (b.r0 + out_rows,) + geom.q[1:]
+        res = _rows_in_place(geom, dsrc, b, b.r0, out_rows, geom.q, g, dtype) if unit else None
+        if res is not None and res.shape[-1] == span:         # the one phase is dsrc itself
+            _sum_products(((w[i], dy[:, :, base - off:base - off + span]) for i, (_, off) in enumerate(geom.taps)), res)
+            return
         res = np.empty((g, cg, span), dtype=dtype)
-        tmp = np.empty_like(res)
         for p, taps_p in enumerate(by_phase):
             sl = _phase_slices(spec, geom.phases[p], q_lo, q_hi)
             if sl is None:
                 continue
             pairs = ((w[i], dy[:, :, base - geom.taps[i][1]:base - geom.taps[i][1] + span]) for i in taps_p)
-            _sum_products(pairs, res, tmp)
+            _sum_products(pairs, res)
             grid = res.reshape((spec.ic, b.nb, out_rows) + geom.q[1:])
             dsrc[(slice(b.n0, b.n0 + b.nb), slice(None)) + sl[1]] = grid[(slice(None), slice(None)) + sl[0]].swapaxes(0, 1)
 
