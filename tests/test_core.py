@@ -557,3 +557,42 @@ def test_stride_one_unpadded_taps_read_and_write_in_place(monkeypatch):
     for got, want in ((cg.conv_forward(x.astype(np.float16), w.astype(np.float16), **_kw(spec)), ref.conv_forward(spec, x, w)),
                       (cg.conv_backward_data(dy[:, :, ::-1], w, spec.src, **_kw(spec)), ref.conv_backward_data(spec, dy[:, :, ::-1], w))):
         assert rel_err(got, want) <= 1e-2
+
+
+def test_weights_gradient_channel_chunks(monkeypatch):
+    """Deep layers (few rows, a result larger than the inputs) split the weights gradient
+    over channels instead of rows (im2col: input channels, taps: output channels), each
+    chunk written in place; with a cap that also splits the rows, each chunk sums its
+    partials in block order. Exact against the reference, bitwise across thread counts."""
+    import threadpoolctl
+    from convgrad.kernels import gemm
+    monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
+    monkeypatch.setattr(gemm, "CHUNK_MIN_CHANNELS", 2)
+    gemm._plan_cached.cache_clear()
+    rng = np.random.default_rng(51)
+    specs = [_spec(2, 10, 12, 1, (2, 3), (3, 2), (1, 1), (1, 1), (1, 0), (1, 1)),
+             _spec(3, 40, 48, 1, (4, 3), (1, 1), (2, 1), (1, 1), (0, 0), (0, 0)),
+             _spec(2, 8, 5, 1, (1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
+             _spec(1, 5, 9, 1, (6,), (3,), (2,), (1,), (1,), (1,))]
+    for spec in specs:
+        for alg in FAST:
+            assert gemm.weight_chunks(spec, "bwd_weights", alg) == 2, (spec, alg)
+        x = rng.standard_normal(spec.src_shape)
+        dy = rng.standard_normal(spec.dst_shape)
+        want = ref.conv_backward_weights(spec, x, dy)
+        for alg in FAST:
+            geom = gemm.geometry(spec)
+            whole = gemm.Block(0, spec.mb, 0, gemm._extent(geom, "bwd_weights", alg)[0], True)
+            small = gemm.workspace_bytes(geom, "bwd_weights", alg, whole, 8) - 1
+            assert len(gemm.plan(geom, "bwd_weights", alg, 8, small, dispatch.ROWS_TARGET)) > 1
+            runs = []
+            for cap in (1 << 30, small):                 # one row block; rows split too
+                for n in (1, 2):
+                    with threadpoolctl.threadpool_limits(n, user_api="blas"):
+                        runs.append(cg.conv_backward_weights(x, dy, spec.kernel, algorithm=alg,
+                                                             workspace_limit=cap, **_kw(spec)))
+            for got in runs:
+                assert rel_err(got, want) <= 1e-12, (alg, str(spec))
+            np.testing.assert_array_equal(runs[0], runs[1])
+            np.testing.assert_array_equal(runs[2], runs[3])
+    gemm._plan_cached.cache_clear()

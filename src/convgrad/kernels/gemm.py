@@ -56,6 +56,7 @@ import os
 import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,6 +76,8 @@ IM2COL_WIDTH = 512
 # MIN_BLOCK_ROWS rows (long enough for efficient products).
 MIN_BLOCKS = 4
 MIN_BLOCK_ROWS = 512
+# A weights gradient split over output channels keeps at least this many per chunk.
+CHUNK_MIN_CHANNELS = 32
 PARALLEL_FLOPS = 20_000_000
 
 
@@ -180,7 +183,9 @@ def _natural(geom: PhaseGeometry, direction: str, algorithm: str, rows_target: i
     if parallel:
         total = spec.mb * img
         rows_target = min(rows_target, max(MIN_BLOCK_ROWS, -(-total // MIN_BLOCKS)))
-        if total <= rows_target:                  # still one block: split it in two
+        if total <= rows_target and weight_chunks(spec, direction, algorithm) > 1:
+            rows_target = total                   # one row block; the output channels split
+        elif total <= rows_target:                # still one block: split it in two
             half = -(-spec.mb // 2) * img if 2 * img <= total else -(-total // 2)
             rows_target = max(MIN_BLOCK_ROWS // 8, half)
     if img <= rows_target:
@@ -349,9 +354,10 @@ def _dst_grid(geom: PhaseGeometry, ddst: np.ndarray, b: Block, rows0: int, first
     """``diff_dst`` rows ``[first, first + rows0)`` of axis 0 on the wide grid, channel-major
     and flat: (O, front + nb * rows0 * row_len), zero in front and outside diff_dst."""
     spec = geom.spec
-    out = np.empty((spec.oc, front + b.nb * rows0 * geom.row_len), dtype=dtype)
+    oc = ddst.shape[1]                        # spec.oc, or a chunk of the output channels
+    out = np.empty((oc, front + b.nb * rows0 * geom.row_len), dtype=dtype)
     out[:, :front] = 0
-    grid = out[:, front:].reshape((spec.oc, b.nb, rows0) + geom.q[1:])
+    grid = out[:, front:].reshape((oc, b.nb, rows0) + geom.q[1:])
     lo, hi = max(first, 0), min(first + rows0, spec.dst[0])
     if hi <= lo:
         grid[...] = 0
@@ -636,7 +642,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_POOL.reset)
 
 
-def _in_order(work, blocks: list[Block], workers: int, consume) -> None:
+def _in_order(work, blocks: list, workers: int, consume) -> None:
     """``consume(work(b))`` for the blocks in block order, ``work`` running on up to
     ``workers`` threads; at most ``workers`` block results are alive at any time."""
     if workers <= 1 or len(blocks) <= 1:
@@ -674,7 +680,7 @@ def _ignore(_result) -> None:
     return None
 
 
-def _run_blocks(work, blocks: list[Block], worst: int, workspace_limit: int, product: tuple[int, int, int],
+def _run_blocks(work, blocks: list, worst: int, workspace_limit: int, product: tuple[int, int, int],
                 consume=_ignore) -> None:
     """``consume(work(b))`` over the blocks in block order; blocks alive at once fit in the cap.
 
@@ -764,57 +770,116 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
     return dst
 
 
+def weight_chunks(spec: ConvSpec, direction: str, algorithm: str) -> int:
+    """Channel chunks of a large weights gradient with few rows (pure).
+
+    Deep layers (few rows, many channels) would otherwise be cut into two row blocks whose
+    partial gradients, each as large as the result, are allocated and added. Splitting the
+    channels in two instead gives each block its own part of the result, written in
+    place: no partials, no adds. ``im2col`` splits the input channels (each chunk builds
+    only its rows of the column matrix), ``taps`` the output channels (each chunk packs
+    only its channels of ``diff_dst``); the other operand, small next to the result in
+    exactly these layers, is then packed once per chunk.
+    """
+    split = spec.icg if algorithm == "im2col" else spec.ocg
+    if direction != "bwd_weights" or spec.groups != 1 or split < 2 * CHUNK_MIN_CHANNELS:
+        return 1
+    if spec.flops < PARALLEL_FLOPS or (algorithm == "taps" and spec.icg == spec.ocg == 1):
+        return 1
+    geom = geometry(spec)
+    rows = spec.mb * _img_rows(geom, algorithm)
+    return 2 if rows * (spec.ic + spec.oc) < spec.oc * spec.icg * len(geom.taps) else 1
+
+
 def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, *, dtype, algorithm: str,
                           workspace_limit: int, rows_target: int) -> np.ndarray:
     geom = geometry(spec)
     g, cg, og, t = spec.groups, spec.icg, spec.ocg, len(geom.taps)
     blocks, worst = _plan(geom, "bwd_weights", algorithm, dtype, workspace_limit, rows_target)
+    per, slabs = _natural(geom, "bwd_weights", algorithm, rows_target)
+    nchunks = weight_chunks(spec, "bwd_weights", algorithm) if slabs == 1 and per >= spec.mb else 1
+    cuts = _bounds(cg if algorithm == "im2col" else og, nchunks)
+    items = [(b, o0, o1) for b in blocks for o0, o1 in zip(cuts, cuts[1:])]
     if algorithm == "im2col":
-        def work(b: Block) -> np.ndarray:
-            cols = _src_cols(spec, src, b, dtype)                  # (G, Cg*T, rows)
+        layout, order = (g, og, cg, t), (0, 1, 2, 3)          # already (G, Og, Cg, T)
+
+        def work(item, out=None) -> np.ndarray:
+            b, c0, c1 = item                                   # input channels [c0, c1)
+            sub = spec if nchunks == 1 else dataclasses.replace(spec, ic=c1 - c0)
+            cols = _src_cols(sub, src if nchunks == 1 else src[:, c0:c1], b, dtype)   # (G, Cg*T, rows)
             rows = cols.shape[2]
             dy = _dst_rows(spec, diff_dst, b, dtype).reshape(g, og, rows)
-            part = np.empty((g, og, cg, t), dtype=dtype)
-            matmul_into(dy, cols.swapaxes(1, 2), part.reshape(g, og, cg * t), False)
+            part = np.empty((g, og, c1 - c0, t), dtype=dtype) if out is None else out
+            matmul_into(dy, cols.swapaxes(1, 2), part.reshape(g, og, (c1 - c0) * t), False)
             return part
-        order = (0, 1, 2, 3)                   # already (G, Og, Cg, T)
     elif _pointwise(spec, src, diff_dst, dtype=dtype):
-        def work(b: Block) -> np.ndarray:                                  # dW = sum_n dY_n @ X_n^T
-            part = np.empty((1, g, og, cg), dtype=dtype)
+        layout, order = (1, g, og, cg), (1, 2, 3, 0)
+
+        def work(item, out=None) -> np.ndarray:                            # dW = sum_n dY_n @ X_n^T
+            b, o0, o1 = item
+            part = np.empty((1, g, o1 - o0, cg), dtype=dtype) if out is None else out
             for i, (dy, x) in enumerate(zip(_pointwise_mats(diff_dst, b, g), _pointwise_mats(src, b, g))):
                 for gi in range(g):
-                    matmul_into(dy[gi], x[gi].T, part[0, gi], i > 0)
+                    matmul_into(dy[gi, o0:o1], x[gi].T, part[0, gi], i > 0)
             return part
-        order = (1, 2, 3, 0)
     else:
-        def work(b: Block) -> np.ndarray:
+        layout, order = (t, g, og, cg), (1, 2, 3, 0)          # (T, G, Og, Cg) -> (G, Og, Cg, T)
+
+        def work(item, out=None) -> np.ndarray:
+            b, o0, o1 = item
             rows0 = _grid_rows(geom, b)
             flat = _src_flat(geom, src, b, rows0, dtype)
             span = flat.shape[-1] - geom.max_off
             dy = _rows_in_place(geom, diff_dst, b, b.r0, b.r1 - b.r0, geom.q, g, dtype)
             if dy is None or dy.shape[-1] != span:
-                dy = _dst_grid(geom, diff_dst, b, rows0, b.r0, dtype).reshape(g, og, -1)[:, :, :span]
-            part = np.empty((t, g, og, cg), dtype=dtype)
+                part_dst = diff_dst if nchunks == 1 else diff_dst[:, o0:o1]
+                dy = _dst_grid(geom, part_dst, b, rows0, b.r0, dtype).reshape(g, o1 - o0, -1)[:, :, :span]
+            else:
+                dy = dy[:, o0:o1]
+            part = np.empty((t, g, o1 - o0, cg), dtype=dtype) if out is None else out
             for i, (ph, off) in enumerate(geom.taps):
                 if og == 1 and cg == 1:                # depthwise: one dot per group, no BLAS
                     np.einsum("gp,gp->g", dy[:, 0], flat[ph, :, 0, off:off + span], out=part[i, :, 0, 0])
                 else:
                     matmul_into(dy, flat[ph, :, :, off:off + span].swapaxes(1, 2), part[i], False)
             return part
-        order = (1, 2, 3, 0)                   # (T, G, Og, Cg) -> (G, Og, Cg, T)
     rows = _block_rows(geom, algorithm, blocks)
-    product = (og, cg * t, rows) if algorithm == "im2col" else (NO_PRODUCT if og == cg == 1 else (og, cg, rows))
-    acc: list[np.ndarray] = []                 # the running total, partials added in block order
-
-    def consume(part: np.ndarray) -> None:
-        if acc:
-            acc[0] += part
-        else:
-            acc.append(part)
-    _run_blocks(work, blocks, worst, workspace_limit, product, consume)
-    total = acc[0] if acc else None
-    if total is None:
+    m = cuts[1] - cuts[0]
+    product = (og, m * t, rows) if algorithm == "im2col" else (NO_PRODUCT if og == cg == 1 else (m, cg, rows))
+    ch = 2                                                     # the chunked axis of the layout
+    if not blocks:
         return np.zeros(spec.weights_shape, dtype=dtype)
+    if len(blocks) == 1 or nchunks > 1:
+        # Each chunk's rows of the result, written in place (one row block) or as the sum
+        # of that chunk's partials in block order.
+        total = np.empty(layout, dtype=dtype)
+        seen: set = set()
+
+        def chunk_of(item):
+            return total[(slice(None),) * ch + (slice(item[1], item[2]),)]
+
+        if len(blocks) == 1:
+            _run_blocks(lambda item: work(item, chunk_of(item)), items, worst, workspace_limit, product)
+        else:
+            def consume(done) -> None:
+                item, part = done
+                view = chunk_of(item)
+                if item[1] in seen:
+                    view += part
+                else:
+                    view[...] = part
+                    seen.add(item[1])
+            _run_blocks(lambda item: (item, work(item)), items, worst, workspace_limit, product, consume)
+    else:
+        acc: list[np.ndarray] = []             # the running total, partials added in block order
+
+        def consume(part: np.ndarray) -> None:
+            if acc:
+                acc[0] += part
+            else:
+                acc.append(part)
+        _run_blocks(work, items, worst, workspace_limit, product, consume)
+        total = acc[0]
     return np.ascontiguousarray(total.transpose(order)).reshape(spec.weights_shape)
 
 
