@@ -29,6 +29,14 @@ written, never accumulated. Products accumulate in place (BLAS ``beta = 1``, see
 ``blas.py``); a contraction of length 1 (depthwise convolution) is an element-wise
 multiply-add instead of a GEMM.
 
+No copies where the layout allows. With stride 1 and no front padding the one phase is
+the input itself (cell ``q`` is input index ``q``), so a one-image block reads ``src``
+rows in place, channels ``prod(spatial)`` apart (BLAS's leading dimension); when no axis
+after the first has a halo (1-D, or kernels of extent 1 there) the wide rows *are* the
+canonical rows, so ``diff_dst`` is read and the forward result and data gradient are
+written in place too. 1x1 kernels with stride 1 and no padding ("pointwise") never pack:
+``Y_n = W @ X_n`` per image, or, for 1x1 images, one product with the batch as rows.
+
 ``im2col``: the exact column matrix (no wide rows: best for small images, whose halo
 would waste flops, and for few channels, whose per-tap products are too thin). For output
 position ``y`` and tap ``k`` the column holds ``src[y*s + k*d - pb]`` (zero in the
@@ -42,9 +50,12 @@ With stride 1 the data gradient is itself a forward correlation of ``dY`` with t
 flipped kernel (``flipped_spec``), so ``im2col`` runs it as a forward im2col: no scatter.
 
 Work runs in *blocks* (several whole images, or a slab of rows of one image) planned
-from the problem alone; the workspace cap only shrinks a block when one does not fit,
-and partial sums are added in block order, so results do not depend on the cap in the
-usual range.
+from the problem alone, balanced (equal image counts, slabs within one row of each
+other, an even count for large problems); the workspace cap only shrinks a block when
+one does not fit, and partial sums are added in block order, so results do not depend on
+the cap in the usual range. A weights gradient with few rows and many channels (deep
+layers) is split over channels instead of rows (``weight_chunks``): each chunk writes its
+part of the result, with no result-sized partial sums.
 """
 
 from __future__ import annotations
