@@ -596,3 +596,27 @@ def test_weights_gradient_channel_chunks(monkeypatch):
             np.testing.assert_array_equal(runs[0], runs[1])
             np.testing.assert_array_equal(runs[2], runs[3])
     gemm._plan_cached.cache_clear()
+
+
+def test_blocks_run_on_every_thread_and_errors_propagate():
+    """Blocks that write their own results are taken by whichever thread (the caller
+    included) is free; each runs exactly once, and an error in any of them is raised."""
+    import threading
+
+    from convgrad.kernels import gemm
+    seen, names = [], set()
+
+    def work(i):
+        seen.append(i)
+        names.add(threading.current_thread().name)
+    gemm._in_order(work, list(range(40)), 2, gemm._ignore)
+    assert sorted(seen) == list(range(40))
+
+    def fail(i):
+        if i == 7:
+            raise RuntimeError("block 7")
+    with pytest.raises(RuntimeError, match="block 7"):
+        gemm._in_order(fail, list(range(12)), 2, gemm._ignore)
+    got = []
+    gemm._in_order(lambda i: i * i, list(range(9)), 2, got.append)      # ordered partials
+    assert got == [i * i for i in range(9)]

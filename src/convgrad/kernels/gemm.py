@@ -653,12 +653,36 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_POOL.reset)
 
 
+def _ignore(_result) -> None:
+    return None
+
+
 def _in_order(work, blocks: list, workers: int, consume) -> None:
     """``consume(work(b))`` for the blocks in block order, ``work`` running on up to
     ``workers`` threads; at most ``workers`` block results are alive at any time."""
     if workers <= 1 or len(blocks) <= 1:
         for b in blocks:
             consume(work(b))
+        return
+    if consume is _ignore:
+        # Blocks that write their own part of the result: every thread (the caller too)
+        # takes the next block as soon as it is free, so none waits for a slower one.
+        it = iter(blocks)
+        lock = threading.Lock()
+
+        def loop() -> None:
+            while True:
+                with lock:
+                    b = next(it, None)
+                if b is None:
+                    return
+                work(b)
+        helpers = [_POOL.get(workers - 1).submit(loop) for _ in range(min(workers, len(blocks)) - 1)]
+        try:
+            loop()
+        finally:
+            for f in helpers:
+                f.result()
         return
     pool = _POOL.get(workers)
     it = iter(blocks)
@@ -685,10 +709,6 @@ def _threads_in_blas(product: tuple[int, int, int]) -> bool:
     if not blas_available():                  # another BLAS: assume any product may thread
         return m * n * k > 0
     return m * n * k > (SERIAL_GEMM if min(m, n) >= 2 else SERIAL_GEMV)
-
-
-def _ignore(_result) -> None:
-    return None
 
 
 def _run_blocks(work, blocks: list, worst: int, workspace_limit: int, product: tuple[int, int, int],
