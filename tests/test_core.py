@@ -620,3 +620,21 @@ def test_blocks_run_on_every_thread_and_errors_propagate():
     got = []
     gemm._in_order(lambda i: i * i, list(range(9)), 2, got.append)      # ordered partials
     assert got == [i * i for i in range(9)]
+
+
+def test_flipped_weights_copied_in_pieces(monkeypatch):
+    """The stride-1 im2col data gradient flips and transposes the weights in pieces on the
+    thread pool (large weights): same result, grouped or not, on 1 and 2 threads."""
+    import threadpoolctl
+    from convgrad.kernels import gemm
+    monkeypatch.setattr(gemm, "PARALLEL_COPY", 1)
+    rng = np.random.default_rng(61)
+    for spec in (_spec(2, 6, 4, 2, (7, 6), (3, 2), (1, 1), (1, 2), (1, 0), (1, 1)),
+                 _spec(1, 5, 7, 1, (9,), (4,), (1,), (1,), (2,), (1,))):
+        dy = rng.standard_normal(spec.dst_shape)
+        w = rng.standard_normal(spec.weights_shape)
+        want = ref.conv_backward_data(spec, dy, w)
+        for n in (1, 2):
+            with threadpoolctl.threadpool_limits(n, user_api="blas"):
+                got = cg.conv_backward_data(dy, w, spec.src, algorithm="im2col", **_kw(spec))
+            assert rel_err(got, want) <= 1e-12

@@ -728,6 +728,23 @@ def _run_blocks(work, blocks: list, worst: int, workspace_limit: int, product: t
         _in_order(work, blocks, max(1, min(n, workspace_limit // max(1, worst))), consume)
 
 
+# Copies of at least this many elements run in pieces on the thread pool.
+PARALLEL_COPY = 1 << 18
+
+
+def _parallel_copy(out: np.ndarray, src: np.ndarray, axis: int) -> None:
+    """``out[...] = src`` in pieces along ``axis``, one per thread (a plain copy: the
+    result does not depend on the pieces)."""
+    workers = min(threads.get_num_threads(), out.shape[axis]) if out.size >= PARALLEL_COPY else 1
+    cuts = _bounds(out.shape[axis], max(1, workers))
+    pre = (slice(None),) * axis
+
+    def piece(bounds) -> None:
+        sl = pre + (slice(*bounds),)
+        out[sl] = src[sl]
+    _in_order(piece, list(zip(cuts, cuts[1:])), workers, _ignore)
+
+
 def _block_rows(geom: PhaseGeometry, algorithm: str, blocks: list[Block]) -> int:
     """Rows (GEMM length) of the largest block."""
     if not blocks:
@@ -940,10 +957,13 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     g, cg, og, t = spec.groups, spec.icg, spec.ocg, len(geom.taps)
     flipped = flipped_spec(spec) if algorithm == "im2col" else None
     if flipped is not None:
-        # weights (G*Og, Cg, *K) -> flipped kernel, (G*Cg, Og, *K)
+        # weights (G*Og, Cg, *K) -> flipped kernel, (G*Cg, Og, *K): a transposing copy
+        # (~1.3 ns an element, 3 ms for 512 x 512 x 3 x 3), run on every thread
         w = weights.reshape((g, og, cg) + spec.kernel)[(Ellipsis,) + (slice(None, None, -1),) * spec.nsp]
-        w = w.swapaxes(1, 2).reshape((spec.ic, og) + spec.kernel)
-        return conv_forward(flipped, diff_dst, w, dtype=dtype, algorithm="im2col",
+        flat = np.empty((g, cg, og) + spec.kernel, dtype=dtype)
+        _parallel_copy(flat, w.swapaxes(1, 2), axis=1)
+        return conv_forward(flipped, diff_dst, flat.reshape((spec.ic, og) + spec.kernel), dtype=dtype,
+                            algorithm="im2col",
                             workspace_limit=workspace_limit, rows_target=rows_target)
     dsrc = np.zeros(spec.src_shape, dtype=dtype)
     blocks, worst = _plan(geom, "bwd_data", algorithm, dtype, workspace_limit, rows_target)
