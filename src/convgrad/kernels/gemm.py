@@ -959,8 +959,9 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     if flipped is not None:
         # weights (G*Og, Cg, *K) -> flipped kernel, (G*Cg, Og, *K): a transposing copy
         # (~1.3 ns an element, 3 ms for 512 x 512 x 3 x 3), run on every thread
-        w = weights.reshape((g, og, cg) + spec.kernel)[(Ellipsis,) + (slice(None, None, -1),) * spec.nsp]
-        flat = np.empty((g, cg, og) + spec.kernel, dtype=dtype)
+        # (flipping every kernel axis reverses the flat tap index: one axis of T elements)
+        w = weights.reshape(g, og, cg, t)[..., ::-1]
+        flat = np.empty((g, cg, og, t), dtype=dtype)
         _parallel_copy(flat, w.swapaxes(1, 2), axis=1)
         return conv_forward(flipped, diff_dst, flat.reshape((spec.ic, og) + spec.kernel), dtype=dtype,
                             algorithm="im2col",
