@@ -563,12 +563,12 @@ def _product(a: np.ndarray, b: np.ndarray, out: np.ndarray, accumulate: bool, tm
             np.multiply(a[gs], b[gs], out=out[gs])
 
 
-def _sum_products(pairs, out: np.ndarray) -> None:
+def _sum_products(pairs, out: np.ndarray, tmp: np.ndarray | None = None) -> None:
     """``out = sum a @ b`` over the pairs; BLAS products accumulate in place (``beta = 1``),
-    only element-wise ones need a temporary."""
-    tmp = None
+    only element-wise ones need a temporary (``tmp``, the shape of ``out``, or allocated
+    here when needed)."""
     for i, (a, b) in enumerate(pairs):
-        if i == 1 and a.shape[-1] == 1:
+        if i == 1 and tmp is None and a.shape[-1] == 1:
             tmp = np.empty_like(out)
         _product(a, b, out, i > 0, tmp)
 
