@@ -1,0 +1,179 @@
+"""Direct depthwise kernel, algorithm ``direct`` (kernel layer: arrays and a ConvSpec only).
+
+For problems with one input channel per group (``C_in / groups = 1``, any channel
+multiplier ``M = C_out / groups``) a convolution is a set of independent per-channel
+correlations with no channel contraction, so the GEMM lowerings of ``gemm.py`` reduce to
+element-wise multiply-adds, one NumPy call per tap (about 1 GFLOP/s). Here the loop nest
+is compiled with numba (``_depthwise_jit.py``, where the index identity is derived):
+every problem is viewed as 3-D (unit leading spatial axes), so there is one compiled
+function per direction and compute type (float32, float64).
+
+numba is optional (extra ``convgrad[fast]``): :func:`available` is false when it cannot
+be imported or when the environment variable ``CONVGRAD_NUMBA`` is ``0``, and the
+dispatcher then keeps the NumPy lowerings.
+
+Work runs in blocks of whole input channels (with their ``M`` output channels) on
+convgrad's own thread pool (``gemm._run_blocks``: ``set_num_threads``, threadpoolctl
+limits and the workspace cap apply as for the other kernels). Every output element is
+computed inside one block in a fixed order, so results are bitwise identical whatever the
+thread count, block size or cap. Inputs that are C-contiguous in the compute type are read
+in place; others (half types, strided views) are converted one block of channels at a
+time, which is the block's workspace.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+
+from ..errors import WorkspaceError
+from ..spec import ConvSpec
+from .gemm import NO_PRODUCT, _run_blocks
+
+# Multiply-adds per block: large enough to amortise a pool hand-off (tens of us), small
+# enough that a mid-sized layer still spreads over the threads.
+BLOCK_MACS = 1 << 19
+
+
+@functools.lru_cache(maxsize=1)
+def _jit():
+    try:
+        from . import _depthwise_jit
+    except ImportError:
+        return None
+    return _depthwise_jit
+
+
+def available() -> bool:
+    """Whether the compiled kernel can run (numba importable, ``CONVGRAD_NUMBA`` not ``0``)."""
+    if os.environ.get("CONVGRAD_NUMBA", "1").strip() == "0":
+        return False
+    return _jit() is not None
+
+
+def eligible(spec: ConvSpec) -> bool:
+    """Depthwise problems the kernel handles: one input channel per group, 1-3 spatial axes."""
+    return spec.icg == 1 and 1 <= spec.nsp <= 3
+
+
+def _as3d(shape: tuple[int, ...], lead: int) -> tuple[int, ...]:
+    """``(lead..., *spatial)`` with spatial padded in front by unit axes to three."""
+    spatial = shape[lead:]
+    return shape[:lead] + (1,) * (3 - len(spatial)) + tuple(spatial)
+
+
+def _geo(spec: ConvSpec) -> np.ndarray:
+    pad = 3 - spec.nsp
+    s = (1,) * pad + spec.strides
+    d = (1,) * pad + spec.dilations
+    p = (0,) * pad + spec.pads_begin
+    return np.array(s + d + p + (spec.ocg,), dtype=np.int64)
+
+
+def _fits(arr: np.ndarray, dtype) -> bool:
+    return arr.dtype == dtype and arr.flags.c_contiguous
+
+
+def _plan(spec: ConvSpec, per_channel_macs: int, per_channel_bytes: int, fixed_bytes: int,
+          workspace_limit: int, direction: str) -> tuple[list[tuple[int, int]], int]:
+    """Channel chunks ``[c0, c1)`` and the worst block's workspace bytes."""
+    c = spec.ic
+    chunk = max(1, min(c, BLOCK_MACS // max(1, per_channel_macs)))
+    if per_channel_bytes:
+        room = (workspace_limit - fixed_bytes) // per_channel_bytes
+        if room < 1:
+            raise WorkspaceError(
+                f"{direction}: the workspace limit ({workspace_limit} bytes) is too small for the "
+                f"smallest tile of problem {spec} ({fixed_bytes + per_channel_bytes} bytes); raise it with "
+                f"convgrad.set_workspace_limit()")
+        chunk = min(chunk, room)
+    if fixed_bytes > workspace_limit:
+        raise WorkspaceError(
+            f"{direction}: the workspace limit ({workspace_limit} bytes) is too small for the "
+            f"smallest tile of problem {spec} ({fixed_bytes} bytes); raise it with convgrad.set_workspace_limit()")
+    blocks = [(c0, min(c, c0 + chunk)) for c0 in range(0, c, chunk)]
+    return blocks, fixed_bytes + chunk * per_channel_bytes
+
+
+def _macs_per_channel(spec: ConvSpec) -> int:
+    return spec.mb * spec.ocg * int(np.prod(spec.dst, dtype=np.int64)) * int(np.prod(spec.kernel, dtype=np.int64))
+
+
+def _weights4(spec: ConvSpec, weights: np.ndarray, dtype) -> np.ndarray:
+    return np.ascontiguousarray(weights, dtype=dtype).reshape((spec.oc,) + _as3d(spec.kernel, 0))
+
+
+def _streamed(arr: np.ndarray, dtype, lead_shape: tuple[int, ...], mult: int):
+    """A getter ``(c0, c1) -> (array, channel offset)`` for a data input of 3-D shape
+    ``lead_shape``, whose channel ``c`` block spans channels ``[c0*mult, c1*mult)``,
+    and the bytes it copies per input channel (0 when read in place)."""
+    if _fits(arr, dtype):
+        whole = arr.reshape(lead_shape)
+        return (lambda c0, c1: (whole, 0)), 0
+    view = arr.reshape(arr.shape[:2] + _as3d(arr.shape[2:], 0))
+
+    def get(c0: int, c1: int):
+        return np.ascontiguousarray(view[:, c0 * mult:c1 * mult], dtype=dtype), c0 * mult
+    per = int(np.prod(lead_shape, dtype=np.int64)) // max(1, lead_shape[1]) * mult * np.dtype(dtype).itemsize
+    return get, per
+
+
+def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype, workspace_limit: int) -> np.ndarray:
+    jit = _jit()
+    dtype = np.dtype(dtype)
+    x_shape = (spec.mb, spec.ic) + _as3d(spec.src, 0)
+    y_shape = (spec.mb, spec.oc) + _as3d(spec.dst, 0)
+    dst = np.empty(y_shape, dtype=dtype)
+    w = _weights4(spec, weights, dtype)
+    geo = _geo(spec)
+    get_x, per = _streamed(src, dtype, x_shape, 1)
+    blocks, worst = _plan(spec, _macs_per_channel(spec), per, w.nbytes, workspace_limit, "fwd")
+
+    def work(b):
+        x, xc0 = get_x(*b)
+        jit.forward(x, xc0, w, dst, 0, b[0], b[1], geo)
+    _run_blocks(work, blocks, worst, workspace_limit, NO_PRODUCT)
+    return dst.reshape(spec.dst_shape)
+
+
+def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, *, dtype,
+                       workspace_limit: int) -> np.ndarray:
+    jit = _jit()
+    dtype = np.dtype(dtype)
+    x_shape = (spec.mb, spec.ic) + _as3d(spec.src, 0)
+    y_shape = (spec.mb, spec.oc) + _as3d(spec.dst, 0)
+    dsrc = np.empty(x_shape, dtype=dtype)
+    w = _weights4(spec, weights, dtype)
+    geo = _geo(spec)
+    get_dy, per = _streamed(diff_dst, dtype, y_shape, spec.ocg)
+    blocks, worst = _plan(spec, _macs_per_channel(spec), per, w.nbytes, workspace_limit, "bwd_data")
+
+    def work(b):
+        dy, dyc0 = get_dy(*b)
+        jit.backward_data(dy, dyc0, w, dsrc, 0, b[0], b[1], geo)
+    _run_blocks(work, blocks, worst, workspace_limit, NO_PRODUCT)
+    return dsrc.reshape(spec.src_shape)
+
+
+def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, *, dtype,
+                          workspace_limit: int) -> np.ndarray:
+    jit = _jit()
+    dtype = np.dtype(dtype)
+    x_shape = (spec.mb, spec.ic) + _as3d(spec.src, 0)
+    y_shape = (spec.mb, spec.oc) + _as3d(spec.dst, 0)
+    k3 = _as3d(spec.kernel, 0)
+    dw = np.empty((spec.oc,) + k3, dtype=dtype)
+    geo = _geo(spec)
+    get_x, per_x = _streamed(src, dtype, x_shape, 1)
+    get_dy, per_dy = _streamed(diff_dst, dtype, y_shape, spec.ocg)
+    acc = int(np.prod(k3, dtype=np.int64)) * y_shape[-1] * dtype.itemsize    # per-lane partial sums
+    blocks, worst = _plan(spec, _macs_per_channel(spec), per_x + per_dy, acc, workspace_limit, "bwd_weights")
+
+    def work(b):
+        x, xc0 = get_x(*b)
+        dy, dyc0 = get_dy(*b)
+        jit.backward_weights(x, xc0, dy, dyc0, dw, b[0], b[1], geo)
+    _run_blocks(work, blocks, worst, workspace_limit, NO_PRODUCT)
+    return dw.reshape(spec.weights_shape)
