@@ -20,10 +20,21 @@ padding are skipped. The three directions are the same loop nest:
     bwd_data     dx[n, c, y*s + k*d - p] += w[o, k] * dy[n, o, y]        (scatter)
     bwd_weights  acc[k, y_w]     += dy[n, o, y] * x[n, c, y*s + k*d - p]; dw[o, k] = sum acc[k, :]
 
-Each output element is produced by one call, in a fixed loop order (fwd: taps kd, kh, kw;
-bwd_data: m, od, kd, oh, kh, kw; bwd_weights: per output-width lane n, od, kd, oh, kh, then
-the lanes summed left to right), so results do not depend on how channels are chunked or
-on the thread count. No fastmath: the element-wise loops vectorize as they are, and the
+The data gradient runs as a gather over the rows of ``dx`` (each ``dx`` row stays in
+cache while every tap adds into it): for a row and a tap, the ``dx`` elements written are
+``i = y*s + k*d - p`` for ``y`` in the same range ``[lo, hi)``; with ``s = 1`` that is
+``dx[i] += w * dy[i - (k*d - p)]`` over ``i`` in ``[lo + k*d - p, hi + k*d - p)``, the same
+shape of loop as the forward one.
+
+Taps along the last axis are applied three at a time (``_taps_row``): on the range where
+all three are valid one loop computes ``((dst + w0*a) + w1*b) + w2*c``, the same operations
+in the same order as three separate passes, with a third of the loads and stores of
+``dst``; the edges where fewer taps are valid run tap by tap, in tap order.
+
+Each output element is produced by one call, in a fixed order (fwd: taps kd, kh, kw;
+bwd_data: m, kd, kh, kw; bwd_weights: per output-width lane n, od, kd, oh, kh, then the
+lanes summed left to right), so results do not depend on how channels are chunked or on
+the thread count. No fastmath: the element-wise loops vectorize as they are, and the
 weight-gradient reduction vectorizes because it is kept as per-lane partial sums.
 """
 
@@ -33,7 +44,7 @@ import numpy as np
 from numba import njit
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def _range(o_len, i_len, s, kd, p):
     """Outputs [lo, hi) whose input ``y*s + kd - p`` lies in [0, i_len)."""
     lo = -((kd - p) // s)          # ceil((p - kd) / s), floor division on negatives
@@ -45,6 +56,66 @@ def _range(o_len, i_len, s, kd, p):
     return lo, hi
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _ranges(o_len, i_len, s, d, p, k_n):
+    lo = np.empty(k_n, np.int64)
+    hi = np.empty(k_n, np.int64)
+    for k in range(k_n):
+        lo[k], hi[k] = _range(o_len, i_len, s, k * d, p)
+    return lo, hi
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _axpy(dst, src, step, wv, first, lo, hi):
+    """dst[j] += wv * src[first + j*step] for j in [lo, hi)."""
+    if hi <= lo:
+        return
+    cnt = hi - lo
+    d = dst[lo:hi]
+    if step == 1:
+        s = src[first + lo:first + hi]
+        for j in range(cnt):
+            d[j] += wv * s[j]
+    else:
+        base = first + lo * step
+        for j in range(cnt):
+            d[j] += wv * src[base + j * step]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _taps_row(dst, src, step, wrow, first, lo, hi):
+    """For t = 0, 1, ... in order: dst[j] += wrow[t] * src[first[t] + j*step], j in [lo[t], hi[t])."""
+    n = wrow.shape[0]
+    t = 0
+    while t + 3 <= n:
+        a = max(lo[t], max(lo[t + 1], lo[t + 2]))
+        b = min(hi[t], min(hi[t + 1], hi[t + 2]))
+        if b < a:
+            b = a
+        for u in range(t, t + 3):          # left edges, then right edges: disjoint from [a, b)
+            _axpy(dst, src, step, wrow[u], first[u], lo[u], min(hi[u], a))
+        for u in range(t, t + 3):
+            _axpy(dst, src, step, wrow[u], first[u], max(lo[u], b), hi[u])
+        if b > a:
+            w0, w1, w2 = wrow[t], wrow[t + 1], wrow[t + 2]
+            d = dst[a:b]
+            if step == 1:
+                s0 = src[first[t] + a:first[t] + b]
+                s1 = src[first[t + 1] + a:first[t + 1] + b]
+                s2 = src[first[t + 2] + a:first[t + 2] + b]
+                for j in range(b - a):
+                    d[j] = ((d[j] + w0 * s0[j]) + w1 * s1[j]) + w2 * s2[j]
+            else:
+                f0, f1, f2 = first[t] + a * step, first[t + 1] + a * step, first[t + 2] + a * step
+                for j in range(b - a):
+                    js = j * step
+                    d[j] = ((d[j] + w0 * src[f0 + js]) + w1 * src[f1 + js]) + w2 * src[f2 + js]
+        t += 3
+    while t < n:
+        _axpy(dst, src, step, wrow[t], first[t], lo[t], hi[t])
+        t += 1
+
+
 @njit(nogil=True, cache=True)
 def forward(x, xc0, w, y, yc0, c0, c1, geo):
     n_img = x.shape[0]
@@ -53,10 +124,10 @@ def forward(x, xc0, w, y, yc0, c0, c1, geo):
     kd_n, kh_n, kw_n = w.shape[1], w.shape[2], w.shape[3]
     sd, sh, sw, dd, dh, dw, pd, ph, pw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8]
     mult = geo[9]
-    lo_w = np.empty(kw_n, np.int64)
-    hi_w = np.empty(kw_n, np.int64)
+    lo_w, hi_w = _ranges(ow_n, w_in, sw, dw, pw, kw_n)
+    first = np.empty(kw_n, np.int64)
     for kw in range(kw_n):
-        lo_w[kw], hi_w[kw] = _range(ow_n, w_in, sw, kw * dw, pw)
+        first[kw] = kw * dw - pw
     for n in range(n_img):
         for c in range(c0, c1):
             for m in range(mult):
@@ -74,16 +145,7 @@ def forward(x, xc0, w, y, yc0, c0, c1, geo):
                                 i_h = oh * sh + kh * dh - ph
                                 if i_h < 0 or i_h >= h_in:
                                     continue
-                                xr = x[n, c - xc0, i_d, i_h]
-                                for kw in range(kw_n):
-                                    wv = w[o, kd, kh, kw]
-                                    off = kw * dw - pw
-                                    if sw == 1:
-                                        for ow in range(lo_w[kw], hi_w[kw]):
-                                            yr[ow] += wv * xr[ow + off]
-                                    else:
-                                        for ow in range(lo_w[kw], hi_w[kw]):
-                                            yr[ow] += wv * xr[ow * sw + off]
+                                _taps_row(yr, x[n, c - xc0, i_d, i_h], sw, w[o, kd, kh], first, lo_w, hi_w)
 
 
 @njit(nogil=True, cache=True)
@@ -94,40 +156,61 @@ def backward_data(dy, dyc0, w, dx, dxc0, c0, c1, geo):
     kd_n, kh_n, kw_n = w.shape[1], w.shape[2], w.shape[3]
     sd, sh, sw, dd, dh, dw, pd, ph, pw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8]
     mult = geo[9]
-    lo_w = np.empty(kw_n, np.int64)
-    hi_w = np.empty(kw_n, np.int64)
+    lo_w, hi_w = _ranges(ow_n, w_in, sw, dw, pw, kw_n)
+    # stride 1: dx[i] += w * dy[i - off] for i in [lo + off, hi + off), off = k*d - p
+    first = np.empty(kw_n, np.int64)
+    lo_i = np.empty(kw_n, np.int64)
+    hi_i = np.empty(kw_n, np.int64)
     for kw in range(kw_n):
-        lo_w[kw], hi_w[kw] = _range(ow_n, w_in, sw, kw * dw, pw)
+        off = kw * dw - pw
+        first[kw] = -off
+        lo_i[kw] = lo_w[kw] + off
+        hi_i[kw] = hi_w[kw] + off
     for n in range(n_img):
         for c in range(c0, c1):
-            dxc = dx[n, c - dxc0]
             for i_d in range(d_in):
                 for i_h in range(h_in):
+                    dxr = dx[n, c - dxc0, i_d, i_h]
                     for i_w in range(w_in):
-                        dxc[i_d, i_h, i_w] = 0
-            for m in range(mult):
-                o = c * mult + m
-                for od in range(od_n):
-                    for kd in range(kd_n):
-                        i_d = od * sd + kd * dd - pd
-                        if i_d < 0 or i_d >= d_in:
-                            continue
-                        for oh in range(oh_n):
-                            dyr = dy[n, o - dyc0, od, oh]
+                        dxr[i_w] = 0
+                    for m in range(mult):
+                        o = c * mult + m
+                        for kd in range(kd_n):
+                            t_d = i_d + pd - kd * dd          # = od * sd
+                            if t_d < 0 or t_d % sd != 0 or t_d // sd >= od_n:
+                                continue
+                            od = t_d // sd
                             for kh in range(kh_n):
-                                i_h = oh * sh + kh * dh - ph
-                                if i_h < 0 or i_h >= h_in:
+                                t_h = i_h + ph - kh * dh
+                                if t_h < 0 or t_h % sh != 0 or t_h // sh >= oh_n:
                                     continue
-                                dxr = dxc[i_d, i_h]
-                                for kw in range(kw_n):
-                                    wv = w[o, kd, kh, kw]
-                                    off = kw * dw - pw
-                                    if sw == 1:
-                                        for ow in range(lo_w[kw], hi_w[kw]):
-                                            dxr[ow + off] += wv * dyr[ow]
-                                    else:
+                                dyr = dy[n, o - dyc0, od, t_h // sh]
+                                if sw == 1:
+                                    _taps_row(dxr, dyr, 1, w[o, kd, kh], first, lo_i, hi_i)
+                                else:
+                                    for kw in range(kw_n):
+                                        wv = w[o, kd, kh, kw]
+                                        off = kw * dw - pw
                                         for ow in range(lo_w[kw], hi_w[kw]):
                                             dxr[ow * sw + off] += wv * dyr[ow]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _dots_row(acc, g, src, step, first, lo, hi):
+    """acc[t, j] += g[j] * src[first[t] + j*step] for j in [lo[t], hi[t]), every t."""
+    for t in range(acc.shape[0]):
+        if hi[t] <= lo[t]:
+            continue
+        ar = acc[t, lo[t]:hi[t]]
+        gr = g[lo[t]:hi[t]]
+        base = first[t] + lo[t] * step
+        if step == 1:
+            s = src[base:base + hi[t] - lo[t]]
+            for j in range(hi[t] - lo[t]):
+                ar[j] += gr[j] * s[j]
+        else:
+            for j in range(hi[t] - lo[t]):
+                ar[j] += gr[j] * src[base + j * step]
 
 
 @njit(nogil=True, cache=True)
@@ -138,10 +221,10 @@ def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
     kd_n, kh_n, kw_n = dw_out.shape[1], dw_out.shape[2], dw_out.shape[3]
     sd, sh, sw, dd, dh, dw, pd, ph, pw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8]
     mult = geo[9]
-    lo_w = np.empty(kw_n, np.int64)
-    hi_w = np.empty(kw_n, np.int64)
+    lo_w, hi_w = _ranges(ow_n, w_in, sw, dw, pw, kw_n)
+    first = np.empty(kw_n, np.int64)
     for kw in range(kw_n):
-        lo_w[kw], hi_w[kw] = _range(ow_n, w_in, sw, kw * dw, pw)
+        first[kw] = kw * dw - pw
     acc = np.empty((kd_n, kh_n, kw_n, ow_n), dw_out.dtype)
     for c in range(c0, c1):
         for m in range(mult):
@@ -159,16 +242,7 @@ def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
                                 i_h = oh * sh + kh * dh - ph
                                 if i_h < 0 or i_h >= h_in:
                                     continue
-                                xr = x[n, c - xc0, i_d, i_h]
-                                for kw in range(kw_n):
-                                    ar = acc[kd, kh, kw]
-                                    off = kw * dw - pw
-                                    if sw == 1:
-                                        for ow in range(lo_w[kw], hi_w[kw]):
-                                            ar[ow] += dyr[ow] * xr[ow + off]
-                                    else:
-                                        for ow in range(lo_w[kw], hi_w[kw]):
-                                            ar[ow] += dyr[ow] * xr[ow * sw + off]
+                                _dots_row(acc[kd, kh], dyr, x[n, c - xc0, i_d, i_h], sw, first, lo_w, hi_w)
             for kd in range(kd_n):
                 for kh in range(kh_n):
                     for kw in range(kw_n):

@@ -12,9 +12,9 @@ numba is optional (extra ``convgrad[fast]``): :func:`available` is false when it
 be imported or when the environment variable ``CONVGRAD_NUMBA`` is ``0``, and the
 dispatcher then keeps the NumPy lowerings.
 
-Work runs in blocks of whole input channels (with their ``M`` output channels) on
-convgrad's own thread pool (``gemm._run_blocks``: ``set_num_threads``, threadpoolctl
-limits and the workspace cap apply as for the other kernels). Every output element is
+Work runs in chunks of whole input channels (with their ``M`` output channels) on
+convgrad's own thread pool (``gemm._POOL``; ``set_num_threads``, threadpoolctl limits and
+the workspace cap apply as for the other kernels; no BLAS is called). Every output element is
 computed inside one block in a fixed order, so results are bitwise identical whatever the
 thread count, block size or cap. Inputs that are C-contiguous in the compute type are read
 in place; others (half types, strided views) are converted one block of channels at a
@@ -24,17 +24,23 @@ time, which is the block's workspace.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 
 import numpy as np
 
+from .. import threads
 from ..errors import WorkspaceError
 from ..spec import ConvSpec
-from .gemm import NO_PRODUCT, _run_blocks
+from .gemm import _POOL
 
-# Multiply-adds per block: large enough to amortise a pool hand-off (tens of us), small
-# enough that a mid-sized layer still spreads over the threads.
-BLOCK_MACS = 1 << 19
+# Below this many multiply-adds a call runs on the calling thread alone: waking a pool
+# thread costs 0.1-0.2 ms on the 2-core development VM, about 0.5M multiply-adds.
+PARALLEL_MACS = 1 << 20
+# Chunks per worker thread (threads take the next chunk when they are free, so a worker
+# that wakes late takes fewer) and the fewest multiply-adds worth one chunk.
+CHUNKS_PER_WORKER = 4
+MIN_CHUNK_MACS = 1 << 17
 
 
 @functools.lru_cache(maxsize=1)
@@ -76,25 +82,53 @@ def _fits(arr: np.ndarray, dtype) -> bool:
     return arr.dtype == dtype and arr.flags.c_contiguous
 
 
-def _plan(spec: ConvSpec, per_channel_macs: int, per_channel_bytes: int, fixed_bytes: int,
-          workspace_limit: int, direction: str) -> tuple[list[tuple[int, int]], int]:
-    """Channel chunks ``[c0, c1)`` and the worst block's workspace bytes."""
+def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_limit: int,
+          direction: str) -> tuple[list[tuple[int, int]], int]:
+    """Channel chunks ``[c0, c1)`` and the number of threads to run them on.
+
+    Every output element is computed inside one chunk in a fixed order, so neither the
+    chunking nor which thread runs a chunk changes a bit of the result: chunks follow the
+    thread count, and are smaller when the workspace cap demands it.
+    """
     c = spec.ic
-    chunk = max(1, min(c, BLOCK_MACS // max(1, per_channel_macs)))
-    if per_channel_bytes:
-        room = (workspace_limit - fixed_bytes) // per_channel_bytes
-        if room < 1:
-            raise WorkspaceError(
-                f"{direction}: the workspace limit ({workspace_limit} bytes) is too small for the "
-                f"smallest tile of problem {spec} ({fixed_bytes + per_channel_bytes} bytes); raise it with "
-                f"convgrad.set_workspace_limit()")
-        chunk = min(chunk, room)
-    if fixed_bytes > workspace_limit:
+    per_channel = _macs_per_channel(spec)
+    workers = 1 if per_channel * c < PARALLEL_MACS else max(1, min(c, threads.get_num_threads()))
+    chunk = c if workers == 1 else max(1, min(-(-c // (workers * CHUNKS_PER_WORKER)),
+                                              -(-MIN_CHUNK_MACS // max(1, per_channel))))
+    need = fixed_bytes + per_channel_bytes
+    if need > workspace_limit:
         raise WorkspaceError(
             f"{direction}: the workspace limit ({workspace_limit} bytes) is too small for the "
-            f"smallest tile of problem {spec} ({fixed_bytes} bytes); raise it with convgrad.set_workspace_limit()")
+            f"smallest tile of problem {spec} ({need} bytes); raise it with convgrad.set_workspace_limit()")
+    if per_channel_bytes:                    # the converted copies of all live chunks fit in the cap
+        chunk = max(1, min(chunk, (workspace_limit - fixed_bytes) // per_channel_bytes))
+        alive = max(1, workspace_limit // (fixed_bytes + chunk * per_channel_bytes))
+        workers = max(1, min(workers, alive))
     blocks = [(c0, min(c, c0 + chunk)) for c0 in range(0, c, chunk)]
-    return blocks, fixed_bytes + chunk * per_channel_bytes
+    return blocks, max(1, min(workers, len(blocks)))
+
+
+def _run(work, blocks: list[tuple[int, int]], workers: int) -> None:
+    """``work`` over the chunks on the calling thread and ``workers - 1`` pool threads, each
+    taking the next chunk when it is free (one chunk per thread in flight)."""
+    if workers <= 1:
+        for b in blocks:
+            work(b)
+        return
+    taken = itertools.count()                # next() on a count is atomic under the GIL
+
+    def loop() -> None:
+        for i in iter(lambda: next(taken), None):
+            if i >= len(blocks):
+                return
+            work(blocks[i])
+    pool = _POOL.get(workers - 1)
+    futures = [pool.submit(loop) for _ in range(workers - 1)]
+    try:
+        loop()
+    finally:
+        for f in futures:
+            f.result()
 
 
 def _macs_per_channel(spec: ConvSpec) -> int:
@@ -129,12 +163,12 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
     w = _weights4(spec, weights, dtype)
     geo = _geo(spec)
     get_x, per = _streamed(src, dtype, x_shape, 1)
-    blocks, worst = _plan(spec, _macs_per_channel(spec), per, w.nbytes, workspace_limit, "fwd")
+    blocks, workers = _plan(spec, per, w.nbytes, workspace_limit, "fwd")
 
     def work(b):
         x, xc0 = get_x(*b)
         jit.forward(x, xc0, w, dst, 0, b[0], b[1], geo)
-    _run_blocks(work, blocks, worst, workspace_limit, NO_PRODUCT)
+    _run(work, blocks, workers)
     return dst.reshape(spec.dst_shape)
 
 
@@ -148,12 +182,12 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     w = _weights4(spec, weights, dtype)
     geo = _geo(spec)
     get_dy, per = _streamed(diff_dst, dtype, y_shape, spec.ocg)
-    blocks, worst = _plan(spec, _macs_per_channel(spec), per, w.nbytes, workspace_limit, "bwd_data")
+    blocks, workers = _plan(spec, per, w.nbytes, workspace_limit, "bwd_data")
 
     def work(b):
         dy, dyc0 = get_dy(*b)
         jit.backward_data(dy, dyc0, w, dsrc, 0, b[0], b[1], geo)
-    _run_blocks(work, blocks, worst, workspace_limit, NO_PRODUCT)
+    _run(work, blocks, workers)
     return dsrc.reshape(spec.src_shape)
 
 
@@ -169,11 +203,11 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     get_x, per_x = _streamed(src, dtype, x_shape, 1)
     get_dy, per_dy = _streamed(diff_dst, dtype, y_shape, spec.ocg)
     acc = int(np.prod(k3, dtype=np.int64)) * y_shape[-1] * dtype.itemsize    # per-lane partial sums
-    blocks, worst = _plan(spec, _macs_per_channel(spec), per_x + per_dy, acc, workspace_limit, "bwd_weights")
+    blocks, workers = _plan(spec, per_x + per_dy, acc, workspace_limit, "bwd_weights")
 
     def work(b):
         x, xc0 = get_x(*b)
         dy, dyc0 = get_dy(*b)
         jit.backward_weights(x, xc0, dy, dyc0, dw, b[0], b[1], geo)
-    _run_blocks(work, blocks, worst, workspace_limit, NO_PRODUCT)
+    _run(work, blocks, workers)
     return dw.reshape(spec.weights_shape)
