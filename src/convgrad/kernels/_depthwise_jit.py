@@ -38,7 +38,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-LANES = 256      # partial sums per weight-gradient tap (one per position p % LANES)
+from .depthwise import LANES     # partial sums per weight-gradient tap (one per position p % LANES)
+
 FOLD = 16        # float64 sums the lanes are folded into
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from .. import threads
 from ..errors import WorkspaceError
 from ..spec import ConvSpec
-from .gemm import _POOL
+from .gemm import _POOL, geometry
 
 # Below this many multiply-adds a call runs on the calling thread alone: waking a pool
 # thread costs 0.1-0.2 ms on the 2-core development VM, about 0.5M multiply-adds.
@@ -41,6 +41,8 @@ PARALLEL_MACS = 1 << 20
 # that wakes late takes fewer) and the fewest multiply-adds worth one chunk.
 CHUNKS_PER_WORKER = 4
 MIN_CHUNK_MACS = 1 << 17
+# Partial sums per weight-gradient tap (the compiled loops read it from here).
+LANES = 256
 
 
 @functools.lru_cache(maxsize=1)
@@ -88,24 +90,40 @@ def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_li
 
     Every output element is computed inside one chunk in a fixed order, so neither the
     chunking nor which thread runs a chunk changes a bit of the result: chunks follow the
-    thread count, and are smaller when the workspace cap demands it.
+    thread count, and are smaller when the workspace cap demands it. A thread holds
+    ``fixed_bytes`` (its scratch) plus ``per_channel_bytes`` per channel of its chunk.
     """
     c = spec.ic
     per_channel = _macs_per_channel(spec)
     workers = 1 if per_channel * c < PARALLEL_MACS else max(1, min(c, threads.get_num_threads()))
-    chunk = c if workers == 1 else max(1, min(-(-c // (workers * CHUNKS_PER_WORKER)),
-                                              -(-MIN_CHUNK_MACS // max(1, per_channel))))
+    chunk = min(-(-c // workers), max(-(-c // (workers * CHUNKS_PER_WORKER)),
+                                      -(-MIN_CHUNK_MACS // max(1, per_channel))))
     need = fixed_bytes + per_channel_bytes
     if need > workspace_limit:
         raise WorkspaceError(
             f"{direction}: the workspace limit ({workspace_limit} bytes) is too small for the "
             f"smallest tile of problem {spec} ({need} bytes); raise it with convgrad.set_workspace_limit()")
-    if per_channel_bytes:                    # the converted copies of all live chunks fit in the cap
+    if per_channel_bytes:
         chunk = max(1, min(chunk, (workspace_limit - fixed_bytes) // per_channel_bytes))
-        alive = max(1, workspace_limit // (fixed_bytes + chunk * per_channel_bytes))
-        workers = max(1, min(workers, alive))
+    workers = max(1, min(workers, workspace_limit // (fixed_bytes + chunk * per_channel_bytes)))
     blocks = [(c0, min(c, c0 + chunk)) for c0 in range(0, c, chunk)]
     return blocks, max(1, min(workers, len(blocks)))
+
+
+def _scratch(spec: ConvSpec, direction: str, itemsize: int) -> int:
+    """Bytes the compiled loops allocate per call (per thread): the phase grids of one
+    channel, one wide channel of dst / diff_dst, and the weight-gradient lanes."""
+    geom = geometry(spec)
+    total = int(np.prod(geom.q, dtype=np.int64))
+    grids = len(geom.phases) * total
+    taps = int(np.prod(spec.kernel, dtype=np.int64))
+    if direction == "fwd":
+        elems = grids + total
+    elif direction == "bwd_data":
+        elems = grids + geom.max_off + total + 6 * max(spec.src)     # + the dx cell map (int64)
+    else:
+        elems = grids + total + spec.ocg * taps * min(LANES, total) + 16
+    return int(elems) * itemsize + 1024
 
 
 def _run(work, blocks: list[tuple[int, int]], workers: int) -> None:
@@ -163,7 +181,7 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
     w = _weights4(spec, weights, dtype)
     geo = _geo(spec)
     get_x, per = _streamed(src, dtype, x_shape, 1)
-    blocks, workers = _plan(spec, per, w.nbytes, workspace_limit, "fwd")
+    blocks, workers = _plan(spec, per, w.nbytes + _scratch(spec, "fwd", dtype.itemsize), workspace_limit, "fwd")
 
     def work(b):
         x, xc0 = get_x(*b)
@@ -182,7 +200,8 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     w = _weights4(spec, weights, dtype)
     geo = _geo(spec)
     get_dy, per = _streamed(diff_dst, dtype, y_shape, spec.ocg)
-    blocks, workers = _plan(spec, per, w.nbytes, workspace_limit, "bwd_data")
+    blocks, workers = _plan(spec, per, w.nbytes + _scratch(spec, "bwd_data", dtype.itemsize), workspace_limit,
+                            "bwd_data")
 
     def work(b):
         dy, dyc0 = get_dy(*b)
@@ -202,8 +221,8 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     geo = _geo(spec)
     get_x, per_x = _streamed(src, dtype, x_shape, 1)
     get_dy, per_dy = _streamed(diff_dst, dtype, y_shape, spec.ocg)
-    acc = int(np.prod(k3, dtype=np.int64)) * y_shape[-1] * dtype.itemsize    # per-lane partial sums
-    blocks, workers = _plan(spec, per_x + per_dy, acc, workspace_limit, "bwd_weights")
+    blocks, workers = _plan(spec, per_x + per_dy, _scratch(spec, "bwd_weights", dtype.itemsize), workspace_limit,
+                            "bwd_weights")
 
     def work(b):
         x, xc0 = get_x(*b)
