@@ -40,7 +40,7 @@ from numba import njit
 
 from .depthwise import LANES     # partial sums per weight-gradient tap (one per position p % LANES)
 
-FOLD = 16        # float64 sums the lanes are folded into
+FOLD = 4         # float64 sums the lanes are folded into (one vector of doubles)
 
 
 @njit(nogil=True, cache=True)
@@ -252,6 +252,14 @@ def backward_data(dy, dyc0, w, dx, dxc0, c0, c1, geo):
                         continue
                     pre = (loc_r[0, a] * nres[1] + loc_r[1, b]) * nres[2]
                     cell = (loc_q[0, a] * q[1] + loc_q[1, b]) * q[2]
+                    if geo[2] == 1:                   # one phase along the row: a contiguous copy
+                        valid = min(ins[2], q[2] - geo[8])
+                        src = dp[pre * total + cell + geo[8]:pre * total + cell + geo[8] + valid]
+                        for j in range(valid):
+                            row[j] = src[j]
+                        for j in range(valid, ins[2]):
+                            row[j] = 0
+                        continue
                     for j in range(ins[2]):
                         r2 = loc_r[2, j]
                         row[j] = dp[(pre + r2) * total + cell + loc_q[2, j]] if r2 >= 0 else 0
@@ -317,11 +325,12 @@ def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
                 # which are then added left to right: a fixed order that vectorizes
                 part = acc[m, t]
                 red[:] = 0
-                for j0 in range(0, lanes, FOLD):
-                    cnt = min(FOLD, lanes - j0)
-                    blk = part[j0:j0 + cnt]
-                    for k in range(cnt):
-                        red[k] += blk[k]
+                whole = lanes // FOLD
+                for i in range(whole):
+                    for k in range(FOLD):
+                        red[k] += part[i * FOLD + k]
+                for k in range(lanes - whole * FOLD):
+                    red[k] += part[whole * FOLD + k]
                 total_t = 0.0
                 for k in range(FOLD):
                     total_t += red[k]
