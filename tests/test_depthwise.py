@@ -129,8 +129,11 @@ def test_direct_pads_larger_than_the_kernel_and_unit_shapes():
 @needs_numba
 def test_direct_is_chosen_and_half_types_round_once():
     spec = _spec(2, 4, 2, (9, 8), (3, 2), (2, 1), (1, 2), (1, 0), (0, 1))
+    big = _spec(1, 4, 1, (20, 20), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))         # 400 positions
     for direction in dispatch.DIRECTIONS:
-        assert cg.choose_algorithm(spec, direction) == "direct"
+        assert cg.choose_algorithm(big, direction) == "direct"
+        small = "taps" if direction == "bwd_weights" else "direct"              # small images: one einsum per tap
+        assert cg.choose_algorithm(spec, direction) in ((small,) if small == "direct" else ("taps", "im2col"))
         assert cg.choose_algorithm(spec, direction, np.int32) == "reference"
         assert dispatch.estimate_cost(spec, direction, "direct") > 0
     rng = np.random.default_rng(6)
@@ -149,6 +152,7 @@ def test_direct_bitwise_across_threads_caps_and_layouts():
     rng = np.random.default_rng(7)
     spec = _spec(3, 24, 2, (31, 29), (3, 2), (2, 1), (1, 2), (1, 0), (2, 1))
     x, w, dy = _inputs(spec, rng, np.float32)
+    assert all(cg.choose_algorithm(spec, d) == "direct" for d in dispatch.DIRECTIONS)
     old = dwk.PARALLEL_MACS
     try:
         dwk.PARALLEL_MACS = 0                                  # small problem: still use the pool
@@ -171,7 +175,6 @@ def test_direct_bitwise_across_threads_caps_and_layouts():
     finally:
         dwk.PARALLEL_MACS = old
         cg.set_num_threads(None)
-    assert cg.choose_algorithm(spec, "fwd") == "direct"
     for got in (two, strided, readonly, tiny):
         for a, b in zip(got, one):
             np.testing.assert_array_equal(a, b)

@@ -36,7 +36,7 @@ from .gemm import _POOL, geometry
 
 # Below this many multiply-adds a call runs on the calling thread alone: waking a pool
 # thread costs 0.1-0.2 ms on the 2-core development VM, about 0.5M multiply-adds.
-PARALLEL_MACS = 1 << 20
+PARALLEL_MACS = 1 << 18
 # Chunks per worker thread (threads take the next chunk when they are free, so a worker
 # that wakes late takes fewer) and the fewest multiply-adds worth one chunk.
 CHUNKS_PER_WORKER = 4
