@@ -17,10 +17,8 @@ to the reference kernel, which accumulates in int64), then a cost model,
   (one input channel per group, any channel multiplier, 1-3 spatial axes). It needs numba
   (extra ``convgrad[fast]``; ``CONVGRAD_NUMBA=0`` turns it off). There the GEMM lowerings
   degenerate into one element-wise NumPy multiply-add per tap, so when it is available it
-  is chosen for depthwise problems before the cost model is asked; except for the weight
-  gradient of small images (fewer than ``DIRECT_MIN_POSITIONS`` output positions per
-  channel), where ``taps``' one ``einsum`` per tap over all channels at once is faster
-  than the compiled loops' per-channel set-up (measured: mobilenet's 14x14 and 7x7 layers).
+  is chosen for every depthwise problem before the cost model is asked (measured faster
+  than ``taps`` on every mobilenet depthwise layer, both gradients and forward).
 
 The model charges the GEMM flops at a rate that falls with the smallest GEMM dimension
 (``RATE_KNEE``: a 64-wide GEMM runs at ~0.8 of peak), plus the copies and adds around
@@ -93,10 +91,7 @@ COL2IM_SECONDS = 2.5e-9     # per element of a column matrix scatter-added
 ADD_SECONDS = 0.5e-9        # per element of an element-wise add or multiply-add
 CALL_SECONDS = 6e-6         # per NumPy/BLAS call inside a block
 DIRECT_SECONDS = 0.15e-9    # per multiply-add of the compiled depthwise loops
-DIRECT_CHANNEL_SECONDS = 0.5e-6   # per channel and image of the compiled loops (set-up, copies)
-# Weight gradients with fewer output positions per channel (batch x spatial) stay on the
-# cost model's choice (see the module docstring).
-DIRECT_MIN_POSITIONS = 400
+DIRECT_CHANNEL_SECONDS = 0.2e-6   # per channel and image of the compiled loops (set-up, copies)
 
 
 def _prod(values) -> int:
@@ -168,8 +163,8 @@ def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32)
     """The algorithm the canonical functions use for this problem (pure, overridable).
 
     Vetoes first (integer types: ``reference``; depthwise problems: ``direct`` when
-    ``depthwise.available()``, but for the weight gradient of small images), then the
-    cheaper of ``taps`` and ``im2col`` by ``estimate_cost``.
+    ``depthwise.available()``), then the cheaper of ``taps`` and ``im2col`` by
+    ``estimate_cost``.
     """
     if direction not in DIRECTIONS:
         raise ConvValueError(f"choose_algorithm: direction must be one of {DIRECTIONS}, but got {direction!r}")
@@ -177,8 +172,7 @@ def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32)
     if dt.kind in "iu":
         return "reference"
     if depthwise.eligible(spec) and depthwise.available():
-        if direction != "bwd_weights" or spec.mb * _prod(spec.dst) >= DIRECT_MIN_POSITIONS:
-            return "direct"
+        return "direct"
     return _cheapest(spec, direction)
 
 

@@ -335,3 +335,184 @@ def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
                 for k in range(FOLD):
                     total_t += red[k]
                 wo[t] = total_t
+
+
+# ---------------------------------------------------------------------------------------
+# Channels-last variant for small images. The per-channel loops above pay a set-up per
+# channel and run short loops when an image has few positions; here a block of CB channels
+# is transposed to (position, channel) and the innermost loop runs over the channels (the
+# same weight tap for every position of a channel's loop is now a vector of CB weights):
+#
+#     fwd          yt[y, c]   += wt[k, c] * xt[y*s + k*d - p, c]     (valid taps only)
+#     bwd_data     dxt[i, c]  += wt[k, c] * dyt[(i + p - k*d) / s, c] (when divisible, in range)
+#     bwd_weights  acc[k, c]  += dyt[y, c] * xt[y*s + k*d - p, c]
+#
+# Order of every sum: fwd, taps row-major; bwd_data, m then taps row-major; bwd_weights,
+# images then output positions row-major (one accumulator per weight, in the compute type).
+# ---------------------------------------------------------------------------------------
+
+from .depthwise import CB_CHANNELS as CB     # channels per transposed block
+
+
+@njit(nogil=True, cache=True)
+def _to_rows(src, c_lo, cnt, dst):
+    """dst[p, j] = src[c_lo + j, p] (src: (C, P) of one image)."""
+    for j in range(cnt):
+        row = src[c_lo + j]
+        for p in range(row.shape[0]):
+            dst[p, j] = row[p]
+
+
+@njit(nogil=True, cache=True)
+def _from_rows(src, cnt, dst, c_lo, step):
+    """dst[c_lo + j*step, p] = src[p, j]."""
+    for j in range(cnt):
+        row = dst[c_lo + j * step]
+        for p in range(row.shape[0]):
+            row[p] = src[p, j]
+
+
+@njit(nogil=True, cache=True)
+def forward_cl(x, xc0, w, y, yc0, c0, c1, geo):
+    n_img = x.shape[0]
+    d_in, h_in, w_in = x.shape[2], x.shape[3], x.shape[4]
+    od_n, oh_n, ow_n = y.shape[2], y.shape[3], y.shape[4]
+    kd_n, kh_n, kw_n = w.shape[1], w.shape[2], w.shape[3]
+    mult = geo[9]
+    n_taps = kd_n * kh_n * kw_n
+    xf = x.reshape((x.shape[0], x.shape[1], d_in * h_in * w_in))
+    yf = y.reshape((y.shape[0], y.shape[1], od_n * oh_n * ow_n))
+    wf = w.reshape((w.shape[0], n_taps))
+    xt = np.empty((d_in * h_in * w_in, CB), x.dtype)
+    yt = np.empty((od_n * oh_n * ow_n, CB), y.dtype)
+    wt = np.empty((n_taps, CB), w.dtype)
+    for n in range(n_img):
+        for b0 in range(c0, c1, CB):
+            cnt = min(CB, c1 - b0)
+            _to_rows(xf[n], b0 - xc0, cnt, xt)
+            for m in range(mult):
+                for t in range(n_taps):
+                    for j in range(cnt):
+                        wt[t, j] = wf[(b0 + j) * mult + m, t]
+                yt[:] = 0
+                for od in range(od_n):
+                    for kd in range(kd_n):
+                        i_d = od * geo[0] + kd * geo[3] - geo[6]
+                        if i_d < 0 or i_d >= d_in:
+                            continue
+                        for oh in range(oh_n):
+                            for kh in range(kh_n):
+                                i_h = oh * geo[1] + kh * geo[4] - geo[7]
+                                if i_h < 0 or i_h >= h_in:
+                                    continue
+                                for ow in range(ow_n):
+                                    op = (od * oh_n + oh) * ow_n + ow
+                                    for kw in range(kw_n):
+                                        i_w = ow * geo[2] + kw * geo[5] - geo[8]
+                                        if i_w < 0 or i_w >= w_in:
+                                            continue
+                                        ip = (i_d * h_in + i_h) * w_in + i_w
+                                        t = (kd * kh_n + kh) * kw_n + kw
+                                        for j in range(cnt):
+                                            yt[op, j] += wt[t, j] * xt[ip, j]
+                _from_rows(yt, cnt, yf[n], b0 * mult + m - yc0, mult)
+
+
+@njit(nogil=True, cache=True)
+def backward_data_cl(dy, dyc0, w, dx, dxc0, c0, c1, geo):
+    n_img = dx.shape[0]
+    d_in, h_in, w_in = dx.shape[2], dx.shape[3], dx.shape[4]
+    od_n, oh_n, ow_n = dy.shape[2], dy.shape[3], dy.shape[4]
+    kd_n, kh_n, kw_n = w.shape[1], w.shape[2], w.shape[3]
+    mult = geo[9]
+    n_taps = kd_n * kh_n * kw_n
+    dyf = dy.reshape((dy.shape[0], dy.shape[1], od_n * oh_n * ow_n))
+    dxf = dx.reshape((dx.shape[0], dx.shape[1], d_in * h_in * w_in))
+    wf = w.reshape((w.shape[0], n_taps))
+    dyt = np.empty((od_n * oh_n * ow_n, CB), dy.dtype)
+    dxt = np.empty((d_in * h_in * w_in, CB), dx.dtype)
+    wt = np.empty((n_taps, CB), w.dtype)
+    for n in range(n_img):
+        for b0 in range(c0, c1, CB):
+            cnt = min(CB, c1 - b0)
+            dxt[:] = 0
+            for m in range(mult):
+                for j in range(cnt):
+                    row = dyf[n, (b0 + j) * mult + m - dyc0]
+                    for p in range(row.shape[0]):
+                        dyt[p, j] = row[p]
+                for t in range(n_taps):
+                    for j in range(cnt):
+                        wt[t, j] = wf[(b0 + j) * mult + m, t]
+                for i_d in range(d_in):
+                    for kd in range(kd_n):
+                        t_d = i_d + geo[6] - kd * geo[3]
+                        if t_d < 0 or t_d % geo[0] != 0 or t_d // geo[0] >= od_n:
+                            continue
+                        for i_h in range(h_in):
+                            for kh in range(kh_n):
+                                t_h = i_h + geo[7] - kh * geo[4]
+                                if t_h < 0 or t_h % geo[1] != 0 or t_h // geo[1] >= oh_n:
+                                    continue
+                                for i_w in range(w_in):
+                                    ip = (i_d * h_in + i_h) * w_in + i_w
+                                    for kw in range(kw_n):
+                                        t_w = i_w + geo[8] - kw * geo[5]
+                                        if t_w < 0 or t_w % geo[2] != 0 or t_w // geo[2] >= ow_n:
+                                            continue
+                                        op = ((t_d // geo[0]) * oh_n + t_h // geo[1]) * ow_n + t_w // geo[2]
+                                        t = (kd * kh_n + kh) * kw_n + kw
+                                        for j in range(cnt):
+                                            dxt[ip, j] += wt[t, j] * dyt[op, j]
+            _from_rows(dxt, cnt, dxf[n], b0 - dxc0, 1)
+
+
+@njit(nogil=True, cache=True)
+def backward_weights_cl(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
+    n_img = x.shape[0]
+    d_in, h_in, w_in = x.shape[2], x.shape[3], x.shape[4]
+    od_n, oh_n, ow_n = dy.shape[2], dy.shape[3], dy.shape[4]
+    kd_n, kh_n, kw_n = dw_out.shape[1], dw_out.shape[2], dw_out.shape[3]
+    mult = geo[9]
+    n_taps = kd_n * kh_n * kw_n
+    xf = x.reshape((x.shape[0], x.shape[1], d_in * h_in * w_in))
+    dyf = dy.reshape((dy.shape[0], dy.shape[1], od_n * oh_n * ow_n))
+    dwf = dw_out.reshape((dw_out.shape[0], n_taps))
+    xt = np.empty((d_in * h_in * w_in, CB), x.dtype)
+    dyt = np.empty((mult, od_n * oh_n * ow_n, CB), dy.dtype)
+    acc = np.empty((mult, n_taps, CB), dw_out.dtype)
+    for b0 in range(c0, c1, CB):
+        cnt = min(CB, c1 - b0)
+        acc[:] = 0
+        for n in range(n_img):
+            _to_rows(xf[n], b0 - xc0, cnt, xt)
+            for m in range(mult):
+                for j in range(cnt):
+                    row = dyf[n, (b0 + j) * mult + m - dyc0]
+                    for p in range(row.shape[0]):
+                        dyt[m, p, j] = row[p]
+            for m in range(mult):
+                for od in range(od_n):
+                    for kd in range(kd_n):
+                        i_d = od * geo[0] + kd * geo[3] - geo[6]
+                        if i_d < 0 or i_d >= d_in:
+                            continue
+                        for oh in range(oh_n):
+                            for kh in range(kh_n):
+                                i_h = oh * geo[1] + kh * geo[4] - geo[7]
+                                if i_h < 0 or i_h >= h_in:
+                                    continue
+                                for ow in range(ow_n):
+                                    op = (od * oh_n + oh) * ow_n + ow
+                                    for kw in range(kw_n):
+                                        i_w = ow * geo[2] + kw * geo[5] - geo[8]
+                                        if i_w < 0 or i_w >= w_in:
+                                            continue
+                                        ip = (i_d * h_in + i_h) * w_in + i_w
+                                        t = (kd * kh_n + kh) * kw_n + kw
+                                        for j in range(cnt):
+                                            acc[m, t, j] += dyt[m, op, j] * xt[ip, j]
+        for m in range(mult):
+            for t in range(n_taps):
+                for j in range(cnt):
+                    dwf[(b0 + j) * mult + m, t] = acc[m, t, j]
