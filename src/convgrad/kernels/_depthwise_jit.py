@@ -9,6 +9,9 @@ input channels ``[c0, c1)``; ``xc0`` / ``yc0`` are the channel index of the firs
 held by the passed arrays (the whole canonical arrays: 0; a converted copy of the block's
 channels: its first channel).
 
+Two loop nests: the per-channel phase grids below (large images) and, at the end of the
+file, channels-last blocks (small images; ``depthwise.channels_last`` chooses).
+
 Lowering: the stride-phase split of ``gemm.py``, one channel at a time. Per axis, the
 forward reads padded input ``x = y*s + k*d``; with ``k*d = sh*s + r`` (``0 <= r < s``) that
 is ``(y + sh)*s + r``, so phase grid ``P_r[q] = x_pad[q*s + r]`` (``Q = O + max_sh`` cells,

@@ -3,10 +3,13 @@
 For problems with one input channel per group (``C_in / groups = 1``, any channel
 multiplier ``M = C_out / groups``) a convolution is a set of independent per-channel
 correlations with no channel contraction, so the GEMM lowerings of ``gemm.py`` reduce to
-element-wise multiply-adds, one NumPy call per tap (about 1 GFLOP/s). Here the loop nest
-is compiled with numba (``_depthwise_jit.py``, where the index identity is derived):
-every problem is viewed as 3-D (unit leading spatial axes), so there is one compiled
-function per direction and compute type (float32, float64).
+element-wise multiply-adds, one NumPy call per tap (about 1 GFLOP/s). Here the loops are
+compiled with numba (``_depthwise_jit.py``, where the index identities are derived).
+Every problem is viewed as 3-D (unit leading spatial axes), so each direction has one
+code path for 1-, 2- and 3-D, in two loop nests: per-channel stride-phase grids (every
+tap one long contiguous loop; large images) and channels-last blocks (channels
+innermost; small images, ``channels_last``). Each compiles once per compute type
+(float32, float64).
 
 numba is optional (extra ``convgrad[fast]``): :func:`available` is false when it cannot
 be imported or when the environment variable ``CONVGRAD_NUMBA`` is ``0``, and the
@@ -99,19 +102,22 @@ def _fits(arr: np.ndarray, dtype) -> bool:
 
 
 def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_limit: int,
-          direction: str) -> tuple[list[tuple[int, int]], int]:
+          direction: str, unit: int = 1) -> tuple[list[tuple[int, int]], int]:
     """Channel chunks ``[c0, c1)`` and the number of threads to run them on.
 
     Every output element is computed inside one chunk in a fixed order, so neither the
     chunking nor which thread runs a chunk changes a bit of the result: chunks follow the
     thread count, and are smaller when the workspace cap demands it. A thread holds
     ``fixed_bytes`` (its scratch) plus ``per_channel_bytes`` per channel of its chunk.
+    Chunks are multiples of ``unit`` channels (the channels-last block) unless the cap
+    demands less.
     """
     c = spec.ic
     per_channel = _macs_per_channel(spec)
     workers = 1 if per_channel * c < PARALLEL_MACS else max(1, min(c, threads.get_num_threads()))
     chunk = min(-(-c // workers), max(-(-c // (workers * CHUNKS_PER_WORKER)),
                                       -(-MIN_CHUNK_MACS // max(1, per_channel))))
+    chunk = -(-chunk // unit) * unit
     need = fixed_bytes + per_channel_bytes
     if need > workspace_limit:
         raise WorkspaceError(
@@ -199,7 +205,8 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
     geo = _geo(spec)
     cl = channels_last(spec, "fwd")
     get_x, per = _streamed(src, dtype, x_shape, 1)
-    blocks, workers = _plan(spec, per, w.nbytes + _scratch(spec, "fwd", dtype.itemsize), workspace_limit, "fwd")
+    blocks, workers = _plan(spec, per, w.nbytes + _scratch(spec, "fwd", dtype.itemsize), workspace_limit, "fwd",
+                            CB_CHANNELS if cl else 1)
 
     def work(b):
         x, xc0 = get_x(*b)
@@ -220,7 +227,7 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     cl = channels_last(spec, "bwd_data")
     get_dy, per = _streamed(diff_dst, dtype, y_shape, spec.ocg)
     blocks, workers = _plan(spec, per, w.nbytes + _scratch(spec, "bwd_data", dtype.itemsize), workspace_limit,
-                            "bwd_data")
+                            "bwd_data", CB_CHANNELS if cl else 1)
 
     def work(b):
         dy, dyc0 = get_dy(*b)
@@ -242,7 +249,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     get_x, per_x = _streamed(src, dtype, x_shape, 1)
     get_dy, per_dy = _streamed(diff_dst, dtype, y_shape, spec.ocg)
     blocks, workers = _plan(spec, per_x + per_dy, _scratch(spec, "bwd_weights", dtype.itemsize), workspace_limit,
-                            "bwd_weights")
+                            "bwd_weights", CB_CHANNELS if cl else 1)
 
     def work(b):
         x, xc0 = get_x(*b)
