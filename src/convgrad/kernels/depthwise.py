@@ -46,12 +46,13 @@ CHUNKS_PER_WORKER = 4
 MIN_CHUNK_MACS = 1 << 17
 # Partial sums per weight-gradient tap (the compiled loops read it from here).
 LANES = 256
-# Images of at most this many input positions (weight gradient: SMALL_IMAGE_BWD_WEIGHTS)
-# run channels-last (``*_cl``): blocks of CB_CHANNELS channels transposed to (position,
-# channel), channels innermost. Measured crossover (mobilenet depthwise layers, 1 thread):
-# channels-last wins on 14x14 and 7x7 (weight gradient: up to 28x28) and loses badly on
-# large images, whose transposed blocks leave the cache.
-SMALL_IMAGE = 256
+# Problems with at most SMALL_IMAGE output positions per image (weight gradient: at most
+# SMALL_IMAGE_BWD_WEIGHTS input positions) run channels-last (``*_cl``): blocks of
+# CB_CHANNELS channels transposed to (position, channel), channels innermost. Measured
+# crossover (mobilenet depthwise layers, 1 thread): channels-last wins on 7x7 outputs
+# (weight gradient: inputs up to 28x28) and loses badly on large images, whose transposed
+# blocks leave the cache.
+SMALL_IMAGE = 100
 SMALL_IMAGE_BWD_WEIGHTS = 1024
 CB_CHANNELS = 64
 
@@ -74,8 +75,9 @@ def available() -> bool:
 
 def channels_last(spec: ConvSpec, direction: str) -> bool:
     """Whether the channels-last loops run this problem (small images)."""
-    return int(np.prod(spec.src, dtype=np.int64)) <= (SMALL_IMAGE_BWD_WEIGHTS if direction == "bwd_weights"
-                                                      else SMALL_IMAGE)
+    if direction == "bwd_weights":
+        return int(np.prod(spec.src, dtype=np.int64)) <= SMALL_IMAGE_BWD_WEIGHTS
+    return int(np.prod(spec.dst, dtype=np.int64)) <= SMALL_IMAGE
 
 
 def eligible(spec: ConvSpec) -> bool:
