@@ -197,6 +197,22 @@ def test_direct_cap_too_small_raises():
 
 
 @needs_numba
+def test_cap_below_the_direct_scratch_falls_back_to_numpy():
+    """A huge 1-D image whose per-channel scratch exceeds the cap: the automatic choice
+    runs the NumPy lowering (row slabs) instead; ``algorithm="direct"`` reports the cap."""
+    spec = _spec(1, 2, 1, (20000,), (3,), (1,), (1,), (1,), (1,))
+    rng = np.random.default_rng(12)
+    x, w, dy = _inputs(spec, rng, np.float32)
+    cap = 100_000                               # < one channel's phase grid and copies (~240 kB)
+    assert not dwk.fits(spec, "fwd", np.float32, cap) and dwk.fits(spec, "fwd", np.float32, 1 << 20)
+    got = _all(spec, x, w, dy, workspace_limit=cap)
+    for a, b in zip(got, _want(spec, x, w, dy)):
+        assert rel_err(a, b) <= 1e-5                # float32 sums of 20000 products
+    with pytest.raises(cg.WorkspaceError, match="workspace limit"):
+        cg.conv_forward(x, w, **_kw(spec), algorithm="direct", workspace_limit=cap)
+
+
+@needs_numba
 def test_direct_inputs_not_modified(variant):
     rng = np.random.default_rng(9)
     spec = _spec(2, 5, 3, (7, 6, 5), (2, 3, 1), (1, 2, 1), (2, 1, 1), (1, 0, 2), (0, 1, 0))

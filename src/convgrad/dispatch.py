@@ -160,19 +160,19 @@ def estimate_cost(spec: ConvSpec, direction: str, algorithm: str) -> float:
     return _gemm_seconds(m, wide, k, g * t) + adds + moves + calls
 
 
-def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32) -> str:
+def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32, *, direct: bool = True) -> str:
     """The algorithm the canonical functions use for this problem (pure, overridable).
 
     Vetoes first (integer types: ``reference``; depthwise problems: ``direct`` when
-    ``depthwise.available()``), then the cheaper of ``taps`` and ``im2col`` by
-    ``estimate_cost``.
+    ``depthwise.available()``, unless ``direct=False``), then the cheaper of ``taps``
+    and ``im2col`` by ``estimate_cost``.
     """
     if direction not in DIRECTIONS:
         raise ConvValueError(f"choose_algorithm: direction must be one of {DIRECTIONS}, but got {direction!r}")
     dt = np.dtype(dtype)
     if dt.kind in "iu":
         return "reference"
-    if depthwise.eligible(spec) and depthwise.available():
+    if direct and depthwise.eligible(spec) and depthwise.available():
         return "direct"
     return _cheapest(spec, direction)
 

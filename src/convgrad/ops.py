@@ -85,16 +85,21 @@ def _rank(op: str, name: str, arr: np.ndarray, rank: int | None = None) -> None:
 
 def resolve(op: str, spec: ConvSpec, direction: str, dt: np.dtype, algorithm: str | None,
             workspace_limit: int | None) -> tuple[str, int]:
-    """The algorithm (the caller's override, else ``choose_algorithm``) and workspace cap."""
+    """The algorithm (the caller's override, else ``choose_algorithm``) and workspace cap.
+
+    An automatic ``direct`` whose one-channel scratch would not fit in the cap (huge
+    images) falls back to the NumPy lowerings, which split images into row slabs."""
+    limit = dispatch.get_workspace_limit() if workspace_limit is None else dispatch._check_limit(workspace_limit)
     if algorithm is None:
         algorithm = dispatch.choose_algorithm(spec, direction, dt)
+        if algorithm == "direct" and not depthwise.fits(spec, direction, compute_dtype(dt), limit):
+            algorithm = dispatch.choose_algorithm(spec, direction, dt, direct=False)
     elif algorithm not in dispatch.ALGORITHMS:
         raise ConvValueError(f"{op}: algorithm must be one of {dispatch.ALGORITHMS}, but got {algorithm!r}")
     elif dt.kind in "iu":
         algorithm = "reference"   # exact integers: only the int64 reference is exact
     elif algorithm == "direct":
         dispatch.check_direct(op, spec)
-    limit = dispatch.get_workspace_limit() if workspace_limit is None else dispatch._check_limit(workspace_limit)
     return algorithm, limit
 
 

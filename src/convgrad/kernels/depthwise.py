@@ -145,10 +145,10 @@ def _scratch(spec: ConvSpec, direction: str, itemsize: int) -> int:
         elems = grids + geom.max_off + total + 6 * max(spec.src)     # + the dx cell map (int64)
     else:
         elems = grids + total + spec.ocg * taps * min(LANES, total) + 16
-    # the channels-last loops: transposed blocks of src, dst (per multiplier for bwd_weights), weights
-    cl = CB_CHANNELS * (int(np.prod(spec.src, dtype=np.int64)) + spec.ocg * int(np.prod(spec.dst, dtype=np.int64))
-                        + spec.ocg * taps)
-    return int(max(elems, cl)) * itemsize + 1024
+    if channels_last(spec, direction):   # transposed blocks of src, dst (all multipliers), weights
+        elems = CB_CHANNELS * (int(np.prod(spec.src, dtype=np.int64))
+                               + spec.ocg * int(np.prod(spec.dst, dtype=np.int64)) + spec.ocg * taps)
+    return int(elems) * itemsize + 1024
 
 
 def _run(work, blocks: list[tuple[int, int]], workers: int) -> None:
@@ -180,6 +180,18 @@ def _macs_per_channel(spec: ConvSpec) -> int:
 
 def _weights4(spec: ConvSpec, weights: np.ndarray, dtype) -> np.ndarray:
     return np.ascontiguousarray(weights, dtype=dtype).reshape((spec.oc,) + _as3d(spec.kernel, 0))
+
+
+def fits(spec: ConvSpec, direction: str, dtype, workspace_limit: int) -> bool:
+    """Whether one-channel chunks fit in the cap even when every input is converted
+    (the dispatcher's automatic choice falls back to the NumPy lowerings otherwise, which
+    can also split an image into row slabs)."""
+    item = np.dtype(dtype).itemsize
+    src = spec.mb * int(np.prod(spec.src, dtype=np.int64)) * item
+    dst = spec.mb * spec.ocg * int(np.prod(spec.dst, dtype=np.int64)) * item
+    weights = spec.oc * int(np.prod(spec.kernel, dtype=np.int64)) * item
+    per = {"fwd": src + weights, "bwd_data": dst + weights, "bwd_weights": src + dst}[direction]
+    return _scratch(spec, direction, item) + per <= workspace_limit
 
 
 def _streamed(arr: np.ndarray, dtype, lead_shape: tuple[int, ...], mult: int):
