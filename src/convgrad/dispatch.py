@@ -18,8 +18,9 @@ to the reference kernel, which accumulates in int64), then a cost model,
   (extra ``convgrad[fast]``; ``CONVGRAD_NUMBA=0`` turns it off). There the GEMM lowerings
   degenerate into one element-wise NumPy multiply-add per tap, so when it is available it
   is chosen for every depthwise problem before the cost model is asked (measured in-process
-  against ``taps`` on the nine mobilenet depthwise layers, 2 threads: faster in all 27
-  cases, 1.1-4x; closest on the stride-2 weight gradients).
+  against ``taps`` on the nine mobilenet depthwise layers, 2 threads, a loaded machine:
+  1.2-4x faster in forward and data gradients; weight gradients 1.1-2x faster except
+  56x56 stride 2 and 28x28, which tie within the noise, 0.9-1.1x).
 
 The model charges the GEMM flops at a rate that falls with the smallest GEMM dimension
 (``RATE_KNEE``: a 64-wide GEMM runs at ~0.8 of peak), plus the copies and adds around
