@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 import os
 
 import numpy as np
@@ -76,8 +77,8 @@ def available() -> bool:
 def channels_last(spec: ConvSpec, direction: str) -> bool:
     """Whether the channels-last loops run this problem (small images)."""
     if direction == "bwd_weights":
-        return int(np.prod(spec.src, dtype=np.int64)) <= SMALL_IMAGE_BWD_WEIGHTS
-    return int(np.prod(spec.dst, dtype=np.int64)) <= SMALL_IMAGE
+        return math.prod(spec.src) <= SMALL_IMAGE_BWD_WEIGHTS
+    return math.prod(spec.dst) <= SMALL_IMAGE
 
 
 def eligible(spec: ConvSpec) -> bool:
@@ -117,8 +118,9 @@ def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_li
     c = spec.ic
     per_channel = _macs_per_channel(spec)
     workers = 1 if per_channel * c < PARALLEL_MACS else max(1, min(c, threads.get_num_threads()))
-    chunk = min(-(-c // workers), max(-(-c // (workers * CHUNKS_PER_WORKER)),
-                                      -(-MIN_CHUNK_MACS // max(1, per_channel))))
+    # one thread: one chunk (each chunk is a compiled call, about 10 us of argument unboxing)
+    chunk = c if workers == 1 else min(-(-c // workers), max(-(-c // (workers * CHUNKS_PER_WORKER)),
+                                                             -(-MIN_CHUNK_MACS // max(1, per_channel))))
     chunk = -(-chunk // unit) * unit
     need = fixed_bytes + per_channel_bytes
     if need > workspace_limit:
@@ -136,9 +138,9 @@ def _scratch(spec: ConvSpec, direction: str, itemsize: int) -> int:
     """Bytes the compiled loops allocate per call (per thread): the phase grids of one
     channel, one wide channel of dst / diff_dst, and the weight-gradient lanes."""
     geom = geometry(spec)
-    total = int(np.prod(geom.q, dtype=np.int64))
+    total = math.prod(geom.q)
     grids = len(geom.phases) * total
-    taps = int(np.prod(spec.kernel, dtype=np.int64))
+    taps = math.prod(spec.kernel)
     if direction == "fwd":
         elems = grids + total
     elif direction == "bwd_data":
@@ -146,8 +148,8 @@ def _scratch(spec: ConvSpec, direction: str, itemsize: int) -> int:
     else:
         elems = grids + total + spec.ocg * taps * min(LANES, total) + 16
     if channels_last(spec, direction):   # transposed blocks of src, dst (all multipliers), weights
-        elems = CB_CHANNELS * (int(np.prod(spec.src, dtype=np.int64))
-                               + spec.ocg * int(np.prod(spec.dst, dtype=np.int64)) + spec.ocg * taps)
+        elems = CB_CHANNELS * (math.prod(spec.src)
+                               + spec.ocg * math.prod(spec.dst) + spec.ocg * taps)
     return int(elems) * itemsize + 1024
 
 
@@ -175,7 +177,7 @@ def _run(work, blocks: list[tuple[int, int]], workers: int) -> None:
 
 
 def _macs_per_channel(spec: ConvSpec) -> int:
-    return spec.mb * spec.ocg * int(np.prod(spec.dst, dtype=np.int64)) * int(np.prod(spec.kernel, dtype=np.int64))
+    return spec.mb * spec.ocg * math.prod(spec.dst) * math.prod(spec.kernel)
 
 
 def _weights4(spec: ConvSpec, weights: np.ndarray, dtype) -> np.ndarray:
@@ -187,9 +189,9 @@ def fits(spec: ConvSpec, direction: str, dtype, workspace_limit: int) -> bool:
     (the dispatcher's automatic choice falls back to the NumPy lowerings otherwise, which
     can also split an image into row slabs)."""
     item = np.dtype(dtype).itemsize
-    src = spec.mb * int(np.prod(spec.src, dtype=np.int64)) * item
-    dst = spec.mb * spec.ocg * int(np.prod(spec.dst, dtype=np.int64)) * item
-    weights = spec.oc * int(np.prod(spec.kernel, dtype=np.int64)) * item
+    src = spec.mb * math.prod(spec.src) * item
+    dst = spec.mb * spec.ocg * math.prod(spec.dst) * item
+    weights = spec.oc * math.prod(spec.kernel) * item
     per = {"fwd": src + weights, "bwd_data": dst + weights, "bwd_weights": src + dst}[direction]
     return _scratch(spec, direction, item) + per <= workspace_limit
 
@@ -205,7 +207,7 @@ def _streamed(arr: np.ndarray, dtype, lead_shape: tuple[int, ...], mult: int):
 
     def get(c0: int, c1: int):
         return np.ascontiguousarray(view[:, c0 * mult:c1 * mult], dtype=dtype), c0 * mult
-    per = int(np.prod(lead_shape, dtype=np.int64)) // max(1, lead_shape[1]) * mult * np.dtype(dtype).itemsize
+    per = math.prod(lead_shape) // max(1, lead_shape[1]) * mult * np.dtype(dtype).itemsize
     return get, per
 
 
