@@ -41,6 +41,11 @@ from .gemm import _POOL, geometry
 # Below this many multiply-adds a call runs on the calling thread alone: waking a pool
 # thread costs 0.1-0.2 ms on the 2-core development VM, about 0.5M multiply-adds.
 PARALLEL_MACS = 1 << 18
+# The channels-last loops run about 3x more multiply-adds per second than the phase grids
+# on small images, so a pool thread pays off only on twice as much work there (measured,
+# 2 threads: 7x7 at 0.45M multiply-adds 0.40 -> 0.27 ms on one thread; 14x14 weight
+# gradient at 0.9M still faster on two).
+CL_PARALLEL_FACTOR = 2
 # Chunks per worker thread (threads take the next chunk when they are free, so a worker
 # that wakes late takes fewer) and the fewest multiply-adds worth one chunk.
 CHUNKS_PER_WORKER = 4
@@ -117,7 +122,8 @@ def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_li
     """
     c = spec.ic
     per_channel = _macs_per_channel(spec)
-    workers = 1 if per_channel * c < PARALLEL_MACS else max(1, min(c, threads.get_num_threads()))
+    serial = PARALLEL_MACS * (CL_PARALLEL_FACTOR if unit > 1 else 1)
+    workers = 1 if per_channel * c < serial else max(1, min(c, threads.get_num_threads()))
     # one thread: one chunk (each chunk is a compiled call, about 10 us of argument unboxing)
     chunk = c if workers == 1 else min(-(-c // workers), max(-(-c // (workers * CHUNKS_PER_WORKER)),
                                                              -(-MIN_CHUNK_MACS // max(1, per_channel))))
