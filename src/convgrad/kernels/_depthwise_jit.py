@@ -126,13 +126,18 @@ def _build_phases(xc, buf, q, rank, res, nres, geo):
                             for j in range(hi - lo):
                                 dst[j] = src[j]
                         elif s2 == 2:                      # a constant stride: vector shuffles
+                            # (sliced first: an index ``base + 2*j`` of unknown sign gets
+                            # numba's negative-index wraparound in the loop, which blocks
+                            # vectorization: 3.7x slower, measured)
                             dst = row[lo:hi]
-                            base = lo * 2 + first
+                            src = xr[lo * 2 + first:]
                             for j in range(hi - lo):
-                                dst[j] = xr[base + 2 * j]
+                                dst[j] = src[2 * j]
                         else:
-                            for j in range(lo, hi):
-                                row[j] = xr[j * s2 + first]
+                            dst = row[lo:hi]
+                            src = xr[lo * s2 + first:]
+                            for j in range(hi - lo):
+                                dst[j] = src[j * s2]
 
 
 @njit(nogil=True, cache=True)
