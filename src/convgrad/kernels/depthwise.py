@@ -17,7 +17,8 @@ dispatcher then keeps the NumPy lowerings.
 
 Work runs in chunks of whole input channels (with their ``M`` output channels) on
 convgrad's own thread pool (``gemm._POOL``; ``set_num_threads``, threadpoolctl limits and
-the workspace cap apply as for the other kernels; no BLAS is called). Every output element is
+the workspace cap apply as for the other kernels; no BLAS is called; small calls, and
+every call on one thread, are one chunk on the calling thread). Every output element is
 computed inside one block in a fixed order, so results are bitwise identical whatever the
 thread count, block size or cap. Inputs that are C-contiguous in the compute type are read
 in place; others (half types, strided views) are converted one block of channels at a
