@@ -15,7 +15,7 @@ import numpy as np
 
 from . import dispatch
 from .errors import ConvTypeError, ConvValueError
-from .kernels import gemm, reference
+from .kernels import depthwise, gemm, reference
 from .spec import ConvSpec, describe_dst_mismatch, int_list, make_spec
 
 try:  # ml_dtypes is a declared dependency; the guard only keeps error messages useful
@@ -85,14 +85,21 @@ def _rank(op: str, name: str, arr: np.ndarray, rank: int | None = None) -> None:
 
 def resolve(op: str, spec: ConvSpec, direction: str, dt: np.dtype, algorithm: str | None,
             workspace_limit: int | None) -> tuple[str, int]:
-    """The algorithm (the caller's override, else ``choose_algorithm``) and workspace cap."""
+    """The algorithm (the caller's override, else ``choose_algorithm``) and workspace cap.
+
+    An automatic ``direct`` whose one-channel scratch would not fit in the cap (huge
+    images) falls back to the NumPy lowerings, which split images into row slabs."""
+    limit = dispatch.get_workspace_limit() if workspace_limit is None else dispatch._check_limit(workspace_limit)
     if algorithm is None:
         algorithm = dispatch.choose_algorithm(spec, direction, dt)
+        if algorithm == "direct" and not depthwise.fits(spec, direction, compute_dtype(dt), limit):
+            algorithm = dispatch.choose_algorithm(spec, direction, dt, direct=False)
     elif algorithm not in dispatch.ALGORITHMS:
         raise ConvValueError(f"{op}: algorithm must be one of {dispatch.ALGORITHMS}, but got {algorithm!r}")
     elif dt.kind in "iu":
         algorithm = "reference"   # exact integers: only the int64 reference is exact
-    limit = dispatch.get_workspace_limit() if workspace_limit is None else dispatch._check_limit(workspace_limit)
+    elif algorithm == "direct":
+        dispatch.check_direct(op, spec)
     return algorithm, limit
 
 
@@ -169,6 +176,10 @@ def _run(direction: str, spec: ConvSpec, a: np.ndarray, b: np.ndarray, out_dtype
         fn = {"fwd": reference.conv_forward, "bwd_weights": reference.conv_backward_weights,
               "bwd_data": reference.conv_backward_data}[direction]
         res = fn(spec, a.astype(acc), b.astype(acc))
+    elif algorithm == "direct":
+        fn = {"fwd": depthwise.conv_forward, "bwd_weights": depthwise.conv_backward_weights,
+              "bwd_data": depthwise.conv_backward_data}[direction]
+        res = fn(spec, a, b, dtype=cdt, workspace_limit=limit)
     else:
         fn = {"fwd": gemm.conv_forward, "bwd_weights": gemm.conv_backward_weights,
               "bwd_data": gemm.conv_backward_data}[direction]

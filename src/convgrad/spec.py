@@ -21,6 +21,7 @@ Transposed ("backprop data") natural output size per axis, the inverse of the ab
 
 from __future__ import annotations
 
+import functools
 import numbers
 import operator
 from dataclasses import dataclass
@@ -120,7 +121,7 @@ class ConvSpec:
     def ocg(self) -> int:
         return self.oc // self.groups
 
-    @property
+    @functools.cached_property       # read several times per call by the planners (not a field)
     def dst(self) -> tuple[int, ...]:
         return tuple(forward_size(*a) for a in zip(self.src, self.kernel, self.strides, self.dilations,
                                                    self.pads_begin, self.pads_end))

@@ -1,0 +1,526 @@
+"""Compiled loops of the direct depthwise kernel (kernel layer; imports numba, so it is
+imported only through ``depthwise.available()``).
+
+Every problem arrives as 3-D: data ``(N, C, D, H, W)``, weights ``(O, KD, KH, KW)`` with
+``O = C * M`` (output channel ``o = c*M + m`` reads input channel ``c``), C-contiguous,
+float32 or float64, plus ``geo = (sd, sh, sw, dd, dh, dw, pd, ph, pw, M)`` as an int64
+array (so that each function has one signature per element type). A call handles the
+input channels ``[c0, c1)``; ``xc0`` / ``yc0`` are the channel index of the first channel
+held by the passed arrays (the whole canonical arrays: 0; a converted copy of the block's
+channels: its first channel).
+
+Two loop nests: the per-channel phase grids below (large images) and, at the end of the
+file, channels-last blocks (small images; ``depthwise.channels_last`` chooses).
+
+Lowering: the stride-phase split of ``gemm.py``, one channel at a time. Per axis, the
+forward reads padded input ``x = y*s + k*d``; with ``k*d = sh*s + r`` (``0 <= r < s``) that
+is ``(y + sh)*s + r``, so phase grid ``P_r[q] = x_pad[q*s + r]`` (``Q = O + max_sh`` cells,
+``max_sh = (K-1)*d // s``) turns every tap into a shift by ``sh``. Flattening the three
+axes of the grid row-major, tap ``k`` becomes one flat offset ``off(k) = sum_a sh_a *
+stride_a`` into phase ``r(k)``, and output ``p`` (flat in the same wide grid) is::
+
+    fwd          yw[p]     = sum_k w[k] * P_r(k)[p + off(k)]          p < span = total - max_off
+    bwd_data     dP_r[q]   = sum_{k: r(k) = r} w[k] * dyw[q - off(k)]  (dyw zero outside dy)
+    bwd_weights  dw[k]     = sum_p dyw[p] * P_r(k)[p + off(k)]
+
+Grid cells that are not real outputs ("wide" cells past ``O`` on an axis) are computed and
+dropped (fwd) or hold zero in ``dyw`` (both gradients); padding cells of ``P`` hold zero.
+So every tap is one contiguous, unit-stride loop over the whole channel, whatever the
+stride, dilation, padding or image size, with no per-element test, and LLVM vectorizes it
+without fastmath. Taps are applied three at a time (``((acc + w0*a) + w1*b) + w2*c``:
+the same operations in the same order as three passes, a third of the traffic on ``acc``).
+
+Order of every sum (fixed, independent of the chunking and of the thread count): fwd, taps
+row-major; bwd_data, ``m`` then the taps of the element's phase row-major; bwd_weights,
+per lane ``p % LANES`` over images then ``p``, then lane ``j`` into float64 sum
+``j % FOLD`` in ascending ``j``, then those sums left to right.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .depthwise import LANES     # partial sums per weight-gradient tap (one per position p % LANES)
+
+FOLD = 4         # float64 sums the lanes are folded into (one vector of doubles)
+
+
+@njit(nogil=True, cache=True)
+def _setup(ins, outs, ks, geo):
+    """Phase geometry: (q, total, span, max_off, rank, res, nres, tap_phase, tap_off)."""
+    q = np.empty(3, np.int64)
+    nres = np.zeros(3, np.int64)
+    smax = max(geo[0], max(geo[1], geo[2]))
+    rank = -np.ones((3, smax), np.int64)        # residue -> its index among the used ones
+    res = np.zeros((3, smax), np.int64)         # index -> residue
+    for a in range(3):
+        s, d = geo[a], geo[3 + a]
+        q[a] = outs[a] + (ks[a] - 1) * d // s
+        for k in range(ks[a]):
+            r = (k * d) % s
+            if rank[a, r] < 0:
+                rank[a, r] = 0
+        for r in range(s):
+            if rank[a, r] >= 0:
+                rank[a, r] = nres[a]
+                res[a, nres[a]] = r
+                nres[a] += 1
+    total = q[0] * q[1] * q[2]
+    max_off = ((ks[0] - 1) * geo[3] // geo[0] * q[1] + (ks[1] - 1) * geo[4] // geo[1]) * q[2] \
+        + (ks[2] - 1) * geo[5] // geo[2]
+    n_taps = ks[0] * ks[1] * ks[2]
+    tap_phase = np.empty(n_taps, np.int64)
+    tap_off = np.empty(n_taps, np.int64)
+    t = 0
+    for k0 in range(ks[0]):
+        for k1 in range(ks[1]):
+            for k2 in range(ks[2]):
+                kd0, kd1, kd2 = k0 * geo[3], k1 * geo[4], k2 * geo[5]
+                tap_phase[t] = (rank[0, kd0 % geo[0]] * nres[1] + rank[1, kd1 % geo[1]]) * nres[2] \
+                    + rank[2, kd2 % geo[2]]
+                tap_off[t] = ((kd0 // geo[0]) * q[1] + kd1 // geo[1]) * q[2] + kd2 // geo[2]
+                t += 1
+    return q, total, total - max_off, max_off, rank, res, nres, tap_phase, tap_off
+
+
+@njit(nogil=True, cache=True)
+def _build_phases(xc, buf, q, rank, res, nres, geo):
+    """buf[phase, flat q] = x_pad[q*s + r] of one channel ``xc`` (D, H, W); zero in the padding."""
+    d_in, h_in, w_in = xc.shape[0], xc.shape[1], xc.shape[2]
+    q1, q2 = q[1], q[2]
+    plane = q[0] * q1 * q2
+    for i0 in range(nres[0]):
+        for i1 in range(nres[1]):
+            for i2 in range(nres[2]):
+                ph = (i0 * nres[1] + i1) * nres[2] + i2
+                r0, r1, r2 = res[0, i0], res[1, i1], res[2, i2]
+                s2, p2 = geo[2], geo[8]
+                # valid q2: 0 <= q2*s2 + r2 - p2 < w_in
+                lo = -((r2 - p2) // s2)
+                if lo < 0:
+                    lo = 0
+                hi = (w_in - 1 + p2 - r2) // s2 + 1
+                if hi > q2:
+                    hi = q2
+                if hi < lo:
+                    hi = lo
+                for a in range(q[0]):
+                    i_d = a * geo[0] + r0 - geo[6]
+                    for b in range(q1):
+                        i_h = b * geo[1] + r1 - geo[7]
+                        row = buf[ph * plane + (a * q1 + b) * q2:ph * plane + (a * q1 + b + 1) * q2]
+                        if i_d < 0 or i_d >= d_in or i_h < 0 or i_h >= h_in:
+                            for j in range(q2):
+                                row[j] = 0
+                            continue
+                        xr = xc[i_d, i_h]
+                        for j in range(lo):
+                            row[j] = 0
+                        for j in range(hi, q2):
+                            row[j] = 0
+                        first = r2 - p2
+                        if s2 == 1:
+                            src = xr[lo + first:hi + first]
+                            dst = row[lo:hi]
+                            for j in range(hi - lo):
+                                dst[j] = src[j]
+                        elif s2 == 2:                      # a constant stride: vector shuffles
+                            # (sliced first: an index ``base + 2*j`` of unknown sign gets
+                            # numba's negative-index wraparound in the loop, which blocks
+                            # vectorization: 3.7x slower, measured)
+                            dst = row[lo:hi]
+                            src = xr[lo * 2 + first:]
+                            for j in range(hi - lo):
+                                dst[j] = src[2 * j]
+                        else:
+                            dst = row[lo:hi]
+                            src = xr[lo * s2 + first:]
+                            for j in range(hi - lo):
+                                dst[j] = src[j * s2]
+
+
+@njit(nogil=True, cache=True)
+def _place(yc, wide, base, q):
+    """wide[base + flat(o)] = yc[o] for every output o of one channel (other cells untouched)."""
+    q1, q2 = q[1], q[2]
+    for a in range(yc.shape[0]):
+        for b in range(yc.shape[1]):
+            src = yc[a, b]
+            dst = wide[base + (a * q1 + b) * q2:base + (a * q1 + b) * q2 + yc.shape[2]]
+            for j in range(yc.shape[2]):
+                dst[j] = src[j]
+
+
+@njit(nogil=True, cache=True)
+def _taps_into(acc, n, srcs, base, w, taps, tap_phase, tap_off, sign, plane):
+    """For the listed taps in order: acc[p] += w[t] * srcs[phase(t)*plane + base + sign*off(t) + p], p < n.
+
+    ``srcs`` is one flat buffer of phase planes (fwd) or the padded wide dy (bwd_data,
+    ``plane`` 0). Consecutive taps are applied three per loop, same operations and order.
+    """
+    i = 0
+    nt = taps.shape[0]
+    while i + 3 <= nt:
+        t0, t1, t2 = taps[i], taps[i + 1], taps[i + 2]
+        f0 = tap_phase[t0] * plane + base + sign * tap_off[t0]
+        f1 = tap_phase[t1] * plane + base + sign * tap_off[t1]
+        f2 = tap_phase[t2] * plane + base + sign * tap_off[t2]
+        w0, w1, w2 = w[t0], w[t1], w[t2]
+        a, b, c = srcs[f0:f0 + n], srcs[f1:f1 + n], srcs[f2:f2 + n]
+        for p in range(n):
+            acc[p] = ((acc[p] + w0 * a[p]) + w1 * b[p]) + w2 * c[p]
+        i += 3
+    while i < nt:
+        t = taps[i]
+        f = tap_phase[t] * plane + base + sign * tap_off[t]
+        wv = w[t]
+        a = srcs[f:f + n]
+        for p in range(n):
+            acc[p] += wv * a[p]
+        i += 1
+
+
+@njit(nogil=True, cache=True)
+def forward(x, xc0, w, y, yc0, c0, c1, geo):
+    ins = np.array([x.shape[2], x.shape[3], x.shape[4]])
+    outs = np.array([y.shape[2], y.shape[3], y.shape[4]])
+    ks = np.array([w.shape[1], w.shape[2], w.shape[3]])
+    q, total, span, max_off, rank, res, nres, tap_phase, tap_off = _setup(ins, outs, ks, geo)
+    mult = geo[9]
+    n_taps = ks[0] * ks[1] * ks[2]
+    taps = np.arange(n_taps)
+    nph = nres[0] * nres[1] * nres[2]
+    buf = np.empty(nph * total, x.dtype)
+    yw = np.empty(max(span, 0), y.dtype)
+    w2 = w.reshape((w.shape[0], n_taps))
+    for n in range(x.shape[0]):
+        for c in range(c0, c1):
+            _build_phases(x[n, c - xc0], buf, q, rank, res, nres, geo)
+            for m in range(mult):
+                o = c * mult + m
+                wo = w2[o]
+                yw[:] = 0
+                _taps_into(yw, span, buf, 0, wo, taps, tap_phase, tap_off, 1, total)
+                yo = y[n, o - yc0]
+                for a in range(outs[0]):
+                    for b in range(outs[1]):
+                        src = yw[(a * q[1] + b) * q[2]:(a * q[1] + b) * q[2] + outs[2]]
+                        dst = yo[a, b]
+                        for j in range(outs[2]):
+                            dst[j] = src[j]
+
+
+@njit(nogil=True, cache=True)
+def backward_data(dy, dyc0, w, dx, dxc0, c0, c1, geo):
+    ins = np.array([dx.shape[2], dx.shape[3], dx.shape[4]])
+    outs = np.array([dy.shape[2], dy.shape[3], dy.shape[4]])
+    ks = np.array([w.shape[1], w.shape[2], w.shape[3]])
+    q, total, span, max_off, rank, res, nres, tap_phase, tap_off = _setup(ins, outs, ks, geo)
+    mult = geo[9]
+    n_taps = ks[0] * ks[1] * ks[2]
+    nph = nres[0] * nres[1] * nres[2]
+    # taps grouped by phase, row-major inside each phase
+    order = np.argsort(tap_phase, kind="mergesort")
+    starts = np.zeros(nph + 1, np.int64)
+    for t in range(n_taps):
+        starts[tap_phase[t] + 1] += 1
+    for ph in range(nph):
+        starts[ph + 1] += starts[ph]
+    dp = np.empty(nph * total, dx.dtype)
+    w2 = w.reshape((w.shape[0], n_taps))
+    dyw = np.zeros(max_off + total, dy.dtype)       # cells outside dy stay zero
+    # where each dx element lives: per axis, (phase index or -1, grid cell)
+    loc_r = -np.ones((3, max(ins[0], max(ins[1], ins[2]))), np.int64)
+    loc_q = np.zeros((3, max(ins[0], max(ins[1], ins[2]))), np.int64)
+    for a in range(3):
+        for i in range(ins[a]):
+            t = i + geo[6 + a]
+            r, qq = t % geo[a], t // geo[a]
+            if rank[a, r] >= 0 and qq < q[a]:
+                loc_r[a, i] = rank[a, r]
+                loc_q[a, i] = qq
+    for n in range(dx.shape[0]):
+        for c in range(c0, c1):
+            dp[:] = 0
+            for m in range(mult):
+                o = c * mult + m
+                _place(dy[n, o - dyc0], dyw, max_off, q)
+                wo = w2[o]
+                for ph in range(nph):
+                    _taps_into(dp[ph * total:(ph + 1) * total], total, dyw, max_off, wo,
+                               order[starts[ph]:starts[ph + 1]], tap_phase, tap_off, -1, 0)
+            dxc = dx[n, c - dxc0]
+            for a in range(ins[0]):
+                for b in range(ins[1]):
+                    row = dxc[a, b]
+                    if loc_r[0, a] < 0 or loc_r[1, b] < 0:
+                        for j in range(ins[2]):
+                            row[j] = 0
+                        continue
+                    pre = (loc_r[0, a] * nres[1] + loc_r[1, b]) * nres[2]
+                    cell = (loc_q[0, a] * q[1] + loc_q[1, b]) * q[2]
+                    if geo[2] == 1:                   # one phase along the row: a contiguous copy
+                        valid = min(ins[2], q[2] - geo[8])
+                        src = dp[pre * total + cell + geo[8]:pre * total + cell + geo[8] + valid]
+                        for j in range(valid):
+                            row[j] = src[j]
+                        for j in range(valid, ins[2]):
+                            row[j] = 0
+                        continue
+                    for j in range(ins[2]):
+                        r2 = loc_r[2, j]
+                        row[j] = dp[(pre + r2) * total + cell + loc_q[2, j]] if r2 >= 0 else 0
+
+
+@njit(nogil=True, cache=True)
+def _lanes(acc, g, buf, tap_phase, tap_off, plane, span):
+    """acc[t, p % lanes] += g[p] * buf[phase(t)*plane + off(t) + p] for p < span, p ascending
+    (blocks of ``lanes = acc.shape[1]`` positions; three taps per loop over a block)."""
+    n_taps = acc.shape[0]
+    lanes = acc.shape[1]
+    for p0 in range(0, span, lanes):
+        cnt = min(lanes, span - p0)
+        gg = g[p0:p0 + cnt]
+        i = 0
+        while i + 3 <= n_taps:
+            f0 = tap_phase[i] * plane + tap_off[i] + p0
+            f1 = tap_phase[i + 1] * plane + tap_off[i + 1] + p0
+            f2 = tap_phase[i + 2] * plane + tap_off[i + 2] + p0
+            a0, a1, a2 = acc[i, :cnt], acc[i + 1, :cnt], acc[i + 2, :cnt]
+            s0, s1, s2 = buf[f0:f0 + cnt], buf[f1:f1 + cnt], buf[f2:f2 + cnt]
+            for j in range(cnt):
+                gj = gg[j]
+                a0[j] += gj * s0[j]
+                a1[j] += gj * s1[j]
+                a2[j] += gj * s2[j]
+            i += 3
+        while i < n_taps:
+            f = tap_phase[i] * plane + tap_off[i] + p0
+            a, sv = acc[i, :cnt], buf[f:f + cnt]
+            for j in range(cnt):
+                a[j] += gg[j] * sv[j]
+            i += 1
+
+
+@njit(nogil=True, cache=True)
+def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
+    ins = np.array([x.shape[2], x.shape[3], x.shape[4]])
+    outs = np.array([dy.shape[2], dy.shape[3], dy.shape[4]])
+    ks = np.array([dw_out.shape[1], dw_out.shape[2], dw_out.shape[3]])
+    q, total, span, max_off, rank, res, nres, tap_phase, tap_off = _setup(ins, outs, ks, geo)
+    mult = geo[9]
+    n_taps = ks[0] * ks[1] * ks[2]
+    nph = nres[0] * nres[1] * nres[2]
+    buf = np.empty(nph * total, x.dtype)
+    dyw = np.zeros(total, dy.dtype)                  # cells outside dy stay zero
+    span = max(span, 0)
+    lanes = max(1, min(LANES, span))
+    acc = np.empty((mult, n_taps, lanes), dw_out.dtype)
+    red = np.empty(FOLD, np.float64)
+    dw2 = dw_out.reshape((dw_out.shape[0], n_taps))
+    for c in range(c0, c1):
+        acc[:] = 0
+        for n in range(x.shape[0]):
+            _build_phases(x[n, c - xc0], buf, q, rank, res, nres, geo)
+            for m in range(mult):
+                _place(dy[n, c * mult + m - dyc0], dyw, 0, q)
+                _lanes(acc[m], dyw, buf, tap_phase, tap_off, total, span)
+        for m in range(mult):
+            wo = dw2[c * mult + m]
+            for t in range(n_taps):
+                # lanes folded into FOLD float64 sums (lane j into j % FOLD, ascending j),
+                # which are then added left to right: a fixed order that vectorizes
+                part = acc[m, t]
+                red[:] = 0
+                whole = lanes // FOLD
+                for i in range(whole):
+                    for k in range(FOLD):
+                        red[k] += part[i * FOLD + k]
+                for k in range(lanes - whole * FOLD):
+                    red[k] += part[whole * FOLD + k]
+                total_t = 0.0
+                for k in range(FOLD):
+                    total_t += red[k]
+                wo[t] = total_t
+
+
+# ---------------------------------------------------------------------------------------
+# Channels-last variant for small images. The per-channel loops above pay a set-up per
+# channel and run short loops when an image has few positions; here a block of CB channels
+# is transposed to (position, channel) and the innermost loop runs over the channels (the
+# same weight tap for every position of a channel's loop is now a vector of CB weights):
+#
+#     fwd          yt[y, c]   += wt[k, c] * xt[y*s + k*d - p, c]     (valid taps only)
+#     bwd_data     dxt[i, c]  += wt[k, c] * dyt[(i + p - k*d) / s, c] (when divisible, in range)
+#     bwd_weights  acc[k, c]  += dyt[y, c] * xt[y*s + k*d - p, c]
+#
+# Order of every sum: fwd, taps row-major; bwd_data, m then taps row-major; bwd_weights,
+# images then output positions row-major (one accumulator per weight, in the compute type).
+# ---------------------------------------------------------------------------------------
+
+from .depthwise import CB_CHANNELS as CB     # channels per transposed block
+
+
+@njit(nogil=True, cache=True)
+def _to_rows(src, c_lo, cnt, dst):
+    """dst[p, j] = src[c_lo + j, p] (src: (C, P) of one image)."""
+    for j in range(cnt):
+        row = src[c_lo + j]
+        for p in range(row.shape[0]):
+            dst[p, j] = row[p]
+
+
+@njit(nogil=True, cache=True)
+def _from_rows(src, cnt, dst, c_lo, step):
+    """dst[c_lo + j*step, p] = src[p, j]."""
+    for j in range(cnt):
+        row = dst[c_lo + j * step]
+        for p in range(row.shape[0]):
+            row[p] = src[p, j]
+
+
+@njit(nogil=True, cache=True)
+def forward_cl(x, xc0, w, y, yc0, c0, c1, geo):
+    n_img = x.shape[0]
+    d_in, h_in, w_in = x.shape[2], x.shape[3], x.shape[4]
+    od_n, oh_n, ow_n = y.shape[2], y.shape[3], y.shape[4]
+    kd_n, kh_n, kw_n = w.shape[1], w.shape[2], w.shape[3]
+    mult = geo[9]
+    n_taps = kd_n * kh_n * kw_n
+    xf = x.reshape((x.shape[0], x.shape[1], d_in * h_in * w_in))
+    yf = y.reshape((y.shape[0], y.shape[1], od_n * oh_n * ow_n))
+    wf = w.reshape((w.shape[0], n_taps))
+    xt = np.empty((d_in * h_in * w_in, CB), x.dtype)
+    yt = np.empty((od_n * oh_n * ow_n, CB), y.dtype)
+    wt = np.empty((n_taps, CB), w.dtype)
+    for n in range(n_img):
+        for b0 in range(c0, c1, CB):
+            cnt = min(CB, c1 - b0)
+            _to_rows(xf[n], b0 - xc0, cnt, xt)
+            for m in range(mult):
+                for t in range(n_taps):
+                    for j in range(cnt):
+                        wt[t, j] = wf[(b0 + j) * mult + m, t]
+                yt[:] = 0
+                for od in range(od_n):
+                    for kd in range(kd_n):
+                        i_d = od * geo[0] + kd * geo[3] - geo[6]
+                        if i_d < 0 or i_d >= d_in:
+                            continue
+                        for oh in range(oh_n):
+                            for kh in range(kh_n):
+                                i_h = oh * geo[1] + kh * geo[4] - geo[7]
+                                if i_h < 0 or i_h >= h_in:
+                                    continue
+                                for ow in range(ow_n):
+                                    op = (od * oh_n + oh) * ow_n + ow
+                                    for kw in range(kw_n):
+                                        i_w = ow * geo[2] + kw * geo[5] - geo[8]
+                                        if i_w < 0 or i_w >= w_in:
+                                            continue
+                                        ip = (i_d * h_in + i_h) * w_in + i_w
+                                        t = (kd * kh_n + kh) * kw_n + kw
+                                        for j in range(cnt):
+                                            yt[op, j] += wt[t, j] * xt[ip, j]
+                _from_rows(yt, cnt, yf[n], b0 * mult + m - yc0, mult)
+
+
+@njit(nogil=True, cache=True)
+def backward_data_cl(dy, dyc0, w, dx, dxc0, c0, c1, geo):
+    n_img = dx.shape[0]
+    d_in, h_in, w_in = dx.shape[2], dx.shape[3], dx.shape[4]
+    od_n, oh_n, ow_n = dy.shape[2], dy.shape[3], dy.shape[4]
+    kd_n, kh_n, kw_n = w.shape[1], w.shape[2], w.shape[3]
+    mult = geo[9]
+    n_taps = kd_n * kh_n * kw_n
+    dyf = dy.reshape((dy.shape[0], dy.shape[1], od_n * oh_n * ow_n))
+    dxf = dx.reshape((dx.shape[0], dx.shape[1], d_in * h_in * w_in))
+    wf = w.reshape((w.shape[0], n_taps))
+    dyt = np.empty((od_n * oh_n * ow_n, CB), dy.dtype)
+    dxt = np.empty((d_in * h_in * w_in, CB), dx.dtype)
+    wt = np.empty((n_taps, CB), w.dtype)
+    for n in range(n_img):
+        for b0 in range(c0, c1, CB):
+            cnt = min(CB, c1 - b0)
+            dxt[:] = 0
+            for m in range(mult):
+                for j in range(cnt):
+                    row = dyf[n, (b0 + j) * mult + m - dyc0]
+                    for p in range(row.shape[0]):
+                        dyt[p, j] = row[p]
+                for t in range(n_taps):
+                    for j in range(cnt):
+                        wt[t, j] = wf[(b0 + j) * mult + m, t]
+                for i_d in range(d_in):
+                    for kd in range(kd_n):
+                        t_d = i_d + geo[6] - kd * geo[3]
+                        if t_d < 0 or t_d % geo[0] != 0 or t_d // geo[0] >= od_n:
+                            continue
+                        for i_h in range(h_in):
+                            for kh in range(kh_n):
+                                t_h = i_h + geo[7] - kh * geo[4]
+                                if t_h < 0 or t_h % geo[1] != 0 or t_h // geo[1] >= oh_n:
+                                    continue
+                                for i_w in range(w_in):
+                                    ip = (i_d * h_in + i_h) * w_in + i_w
+                                    for kw in range(kw_n):
+                                        t_w = i_w + geo[8] - kw * geo[5]
+                                        if t_w < 0 or t_w % geo[2] != 0 or t_w // geo[2] >= ow_n:
+                                            continue
+                                        op = ((t_d // geo[0]) * oh_n + t_h // geo[1]) * ow_n + t_w // geo[2]
+                                        t = (kd * kh_n + kh) * kw_n + kw
+                                        for j in range(cnt):
+                                            dxt[ip, j] += wt[t, j] * dyt[op, j]
+            _from_rows(dxt, cnt, dxf[n], b0 - dxc0, 1)
+
+
+@njit(nogil=True, cache=True)
+def backward_weights_cl(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
+    n_img = x.shape[0]
+    d_in, h_in, w_in = x.shape[2], x.shape[3], x.shape[4]
+    od_n, oh_n, ow_n = dy.shape[2], dy.shape[3], dy.shape[4]
+    kd_n, kh_n, kw_n = dw_out.shape[1], dw_out.shape[2], dw_out.shape[3]
+    mult = geo[9]
+    n_taps = kd_n * kh_n * kw_n
+    xf = x.reshape((x.shape[0], x.shape[1], d_in * h_in * w_in))
+    dyf = dy.reshape((dy.shape[0], dy.shape[1], od_n * oh_n * ow_n))
+    dwf = dw_out.reshape((dw_out.shape[0], n_taps))
+    xt = np.empty((d_in * h_in * w_in, CB), x.dtype)
+    dyt = np.empty((mult, od_n * oh_n * ow_n, CB), dy.dtype)
+    acc = np.empty((mult, n_taps, CB), dw_out.dtype)
+    for b0 in range(c0, c1, CB):
+        cnt = min(CB, c1 - b0)
+        acc[:] = 0
+        for n in range(n_img):
+            _to_rows(xf[n], b0 - xc0, cnt, xt)
+            for m in range(mult):
+                for j in range(cnt):
+                    row = dyf[n, (b0 + j) * mult + m - dyc0]
+                    for p in range(row.shape[0]):
+                        dyt[m, p, j] = row[p]
+            for m in range(mult):
+                for od in range(od_n):
+                    for kd in range(kd_n):
+                        i_d = od * geo[0] + kd * geo[3] - geo[6]
+                        if i_d < 0 or i_d >= d_in:
+                            continue
+                        for oh in range(oh_n):
+                            for kh in range(kh_n):
+                                i_h = oh * geo[1] + kh * geo[4] - geo[7]
+                                if i_h < 0 or i_h >= h_in:
+                                    continue
+                                for ow in range(ow_n):
+                                    op = (od * oh_n + oh) * ow_n + ow
+                                    for kw in range(kw_n):
+                                        i_w = ow * geo[2] + kw * geo[5] - geo[8]
+                                        if i_w < 0 or i_w >= w_in:
+                                            continue
+                                        ip = (i_d * h_in + i_h) * w_in + i_w
+                                        t = (kd * kh_n + kh) * kw_n + kw
+                                        for j in range(cnt):
+                                            acc[m, t, j] += dyt[m, op, j] * xt[ip, j]
+        for m in range(mult):
+            for t in range(n_taps):
+                for j in range(cnt):
+                    dwf[(b0 + j) * mult + m, t] = acc[m, t, j]

@@ -1,0 +1,282 @@
+"""Direct depthwise kernel, algorithm ``direct`` (kernel layer: arrays and a ConvSpec only).
+
+For problems with one input channel per group (``C_in / groups = 1``, any channel
+multiplier ``M = C_out / groups``) a convolution is a set of independent per-channel
+correlations with no channel contraction, so the GEMM lowerings of ``gemm.py`` reduce to
+element-wise multiply-adds, one NumPy call per tap (about 1 GFLOP/s). Here the loops are
+compiled with numba (``_depthwise_jit.py``, where the index identities are derived).
+Every problem is viewed as 3-D (unit leading spatial axes), so each direction has one
+code path for 1-, 2- and 3-D, in two loop nests: per-channel stride-phase grids (every
+tap one long contiguous loop; large images) and channels-last blocks (channels
+innermost; small images, ``channels_last``). Each compiles once per compute type
+(float32, float64).
+
+numba is optional (extra ``convgrad[fast]``): :func:`available` is false when it cannot
+be imported or when the environment variable ``CONVGRAD_NUMBA`` is ``0``, and the
+dispatcher then keeps the NumPy lowerings.
+
+Work runs in chunks of whole input channels (with their ``M`` output channels) on
+convgrad's own thread pool (``gemm._POOL``; ``set_num_threads``, threadpoolctl limits and
+the workspace cap apply as for the other kernels; no BLAS is called; small calls, and
+every call on one thread, are one chunk on the calling thread). Every output element is
+computed inside one block in a fixed order, so results are bitwise identical whatever the
+thread count, block size or cap. Inputs that are C-contiguous in the compute type are read
+in place; others (half types, strided views) are converted one block of channels at a
+time, which is the block's workspace.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import os
+
+import numpy as np
+
+from .. import threads
+from ..errors import WorkspaceError
+from ..spec import ConvSpec
+from .gemm import _POOL, geometry
+
+# Below this many multiply-adds a call runs on the calling thread alone: waking a pool
+# thread costs 0.1-0.2 ms on the 2-core development VM, about 0.5M multiply-adds.
+PARALLEL_MACS = 1 << 18
+# The channels-last loops run about 3x more multiply-adds per second than the phase grids
+# on small images, so a pool thread pays off only on twice as much work there (measured,
+# 2 threads: 7x7 at 0.45M multiply-adds 0.40 -> 0.27 ms on one thread; 14x14 weight
+# gradient at 0.9M still faster on two).
+CL_PARALLEL_FACTOR = 2
+# Chunks per worker thread (threads take the next chunk when they are free, so a worker
+# that wakes late takes fewer) and the fewest multiply-adds worth one chunk.
+CHUNKS_PER_WORKER = 4
+MIN_CHUNK_MACS = 1 << 17
+# Partial sums per weight-gradient tap (the compiled loops read it from here).
+LANES = 256
+# Problems with at most SMALL_IMAGE output positions per image (weight gradient: at most
+# SMALL_IMAGE_BWD_WEIGHTS input positions) run channels-last (``*_cl``): blocks of
+# CB_CHANNELS channels transposed to (position, channel), channels innermost. Measured
+# crossover (mobilenet depthwise layers, 1 thread): channels-last wins on 7x7 outputs
+# (weight gradient: inputs up to 28x28) and loses badly on large images, whose transposed
+# blocks leave the cache.
+SMALL_IMAGE = 100
+SMALL_IMAGE_BWD_WEIGHTS = 1024
+CB_CHANNELS = 64
+
+
+@functools.lru_cache(maxsize=1)
+def _jit():
+    try:
+        from . import _depthwise_jit
+    except ImportError:
+        return None
+    return _depthwise_jit
+
+
+def available() -> bool:
+    """Whether the compiled kernel can run (numba importable, ``CONVGRAD_NUMBA`` not ``0``)."""
+    if os.environ.get("CONVGRAD_NUMBA", "1").strip() == "0":
+        return False
+    return _jit() is not None
+
+
+def channels_last(spec: ConvSpec, direction: str) -> bool:
+    """Whether the channels-last loops run this problem (small images)."""
+    if direction == "bwd_weights":
+        return math.prod(spec.src) <= SMALL_IMAGE_BWD_WEIGHTS
+    return math.prod(spec.dst) <= SMALL_IMAGE
+
+
+def eligible(spec: ConvSpec) -> bool:
+    """Depthwise problems the kernel handles: one input channel per group, 1-3 spatial axes."""
+    return spec.icg == 1 and 1 <= spec.nsp <= 3
+
+
+def _as3d(shape: tuple[int, ...], lead: int) -> tuple[int, ...]:
+    """``(lead..., *spatial)`` with spatial padded in front by unit axes to three."""
+    spatial = shape[lead:]
+    return shape[:lead] + (1,) * (3 - len(spatial)) + tuple(spatial)
+
+
+def _geo(spec: ConvSpec) -> np.ndarray:
+    pad = 3 - spec.nsp
+    s = (1,) * pad + spec.strides
+    d = (1,) * pad + spec.dilations
+    p = (0,) * pad + spec.pads_begin
+    return np.array(s + d + p + (spec.ocg,), dtype=np.int64)
+
+
+def _fits(arr: np.ndarray, dtype) -> bool:
+    return arr.dtype == dtype and arr.flags.c_contiguous
+
+
+def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_limit: int,
+          direction: str, unit: int = 1) -> tuple[list[tuple[int, int]], int]:
+    """Channel chunks ``[c0, c1)`` and the number of threads to run them on.
+
+    Every output element is computed inside one chunk in a fixed order, so neither the
+    chunking nor which thread runs a chunk changes a bit of the result: chunks follow the
+    thread count, and are smaller when the workspace cap demands it. A thread holds
+    ``fixed_bytes`` (its scratch) plus ``per_channel_bytes`` per channel of its chunk.
+    Chunks are multiples of ``unit`` channels (the channels-last block) unless the cap
+    demands less.
+    """
+    c = spec.ic
+    per_channel = _macs_per_channel(spec)
+    serial = PARALLEL_MACS * (CL_PARALLEL_FACTOR if unit > 1 else 1)
+    workers = 1 if per_channel * c < serial else max(1, min(c, threads.get_num_threads()))
+    # one thread: one chunk (each chunk is a compiled call, about 10 us of argument unboxing)
+    chunk = c if workers == 1 else min(-(-c // workers), max(-(-c // (workers * CHUNKS_PER_WORKER)),
+                                                             -(-MIN_CHUNK_MACS // max(1, per_channel))))
+    chunk = -(-chunk // unit) * unit
+    need = fixed_bytes + per_channel_bytes
+    if need > workspace_limit:
+        raise WorkspaceError(
+            f"{direction}: the workspace limit ({workspace_limit} bytes) is too small for the "
+            f"smallest tile of problem {spec} ({need} bytes); raise it with convgrad.set_workspace_limit()")
+    if per_channel_bytes:
+        chunk = max(1, min(chunk, (workspace_limit - fixed_bytes) // per_channel_bytes))
+    workers = max(1, min(workers, workspace_limit // (fixed_bytes + chunk * per_channel_bytes)))
+    blocks = [(c0, min(c, c0 + chunk)) for c0 in range(0, c, chunk)]
+    return blocks, max(1, min(workers, len(blocks)))
+
+
+def _scratch(spec: ConvSpec, direction: str, itemsize: int) -> int:
+    """Bytes the compiled loops allocate per call (per thread): the phase grids of one
+    channel, one wide channel of dst / diff_dst, and the weight-gradient lanes."""
+    geom = geometry(spec)
+    total = math.prod(geom.q)
+    grids = len(geom.phases) * total
+    taps = math.prod(spec.kernel)
+    if direction == "fwd":
+        elems = grids + total
+    elif direction == "bwd_data":
+        elems = grids + geom.max_off + total + 6 * max(spec.src)     # + the dx cell map (int64)
+    else:
+        elems = grids + total + spec.ocg * taps * min(LANES, total) + 16
+    if channels_last(spec, direction):   # transposed blocks of src, dst (all multipliers), weights
+        elems = CB_CHANNELS * (math.prod(spec.src)
+                               + spec.ocg * math.prod(spec.dst) + spec.ocg * taps)
+    return int(elems) * itemsize + 1024
+
+
+def _run(work, blocks: list[tuple[int, int]], workers: int) -> None:
+    """``work`` over the chunks on the calling thread and ``workers - 1`` pool threads, each
+    taking the next chunk when it is free (one chunk per thread in flight)."""
+    if workers <= 1:
+        for b in blocks:
+            work(b)
+        return
+    taken = itertools.count()                # next() on a count is atomic under the GIL
+
+    def loop() -> None:
+        for i in iter(lambda: next(taken), None):
+            if i >= len(blocks):
+                return
+            work(blocks[i])
+    pool = _POOL.get(workers - 1)
+    futures = [pool.submit(loop) for _ in range(workers - 1)]
+    try:
+        loop()
+    finally:
+        for f in futures:
+            f.result()
+
+
+def _macs_per_channel(spec: ConvSpec) -> int:
+    return spec.mb * spec.ocg * math.prod(spec.dst) * math.prod(spec.kernel)
+
+
+def _weights4(spec: ConvSpec, weights: np.ndarray, dtype) -> np.ndarray:
+    return np.ascontiguousarray(weights, dtype=dtype).reshape((spec.oc,) + _as3d(spec.kernel, 0))
+
+
+def fits(spec: ConvSpec, direction: str, dtype, workspace_limit: int) -> bool:
+    """Whether one-channel chunks fit in the cap even when every input is converted
+    (the dispatcher's automatic choice falls back to the NumPy lowerings otherwise, which
+    can also split an image into row slabs)."""
+    item = np.dtype(dtype).itemsize
+    src = spec.mb * math.prod(spec.src) * item
+    dst = spec.mb * spec.ocg * math.prod(spec.dst) * item
+    weights = spec.oc * math.prod(spec.kernel) * item
+    per = {"fwd": src + weights, "bwd_data": dst + weights, "bwd_weights": src + dst}[direction]
+    return _scratch(spec, direction, item) + per <= workspace_limit
+
+
+def _streamed(arr: np.ndarray, dtype, lead_shape: tuple[int, ...], mult: int):
+    """A getter ``(c0, c1) -> (array, channel offset)`` for a data input of 3-D shape
+    ``lead_shape``, whose channel ``c`` block spans channels ``[c0*mult, c1*mult)``,
+    and the bytes it copies per input channel (0 when read in place)."""
+    if _fits(arr, dtype):
+        whole = arr.reshape(lead_shape)
+        return (lambda c0, c1: (whole, 0)), 0
+    view = arr.reshape(arr.shape[:2] + _as3d(arr.shape[2:], 0))
+
+    def get(c0: int, c1: int):
+        return np.ascontiguousarray(view[:, c0 * mult:c1 * mult], dtype=dtype), c0 * mult
+    per = math.prod(lead_shape) // max(1, lead_shape[1]) * mult * np.dtype(dtype).itemsize
+    return get, per
+
+
+def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype, workspace_limit: int) -> np.ndarray:
+    jit = _jit()
+    dtype = np.dtype(dtype)
+    x_shape = (spec.mb, spec.ic) + _as3d(spec.src, 0)
+    y_shape = (spec.mb, spec.oc) + _as3d(spec.dst, 0)
+    dst = np.empty(y_shape, dtype=dtype)
+    w = _weights4(spec, weights, dtype)
+    geo = _geo(spec)
+    cl = channels_last(spec, "fwd")
+    get_x, per = _streamed(src, dtype, x_shape, 1)
+    blocks, workers = _plan(spec, per, w.nbytes + _scratch(spec, "fwd", dtype.itemsize), workspace_limit, "fwd",
+                            CB_CHANNELS if cl else 1)
+
+    def work(b):
+        x, xc0 = get_x(*b)
+        (jit.forward_cl if cl else jit.forward)(x, xc0, w, dst, 0, b[0], b[1], geo)
+    _run(work, blocks, workers)
+    return dst.reshape(spec.dst_shape)
+
+
+def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, *, dtype,
+                       workspace_limit: int) -> np.ndarray:
+    jit = _jit()
+    dtype = np.dtype(dtype)
+    x_shape = (spec.mb, spec.ic) + _as3d(spec.src, 0)
+    y_shape = (spec.mb, spec.oc) + _as3d(spec.dst, 0)
+    dsrc = np.empty(x_shape, dtype=dtype)
+    w = _weights4(spec, weights, dtype)
+    geo = _geo(spec)
+    cl = channels_last(spec, "bwd_data")
+    get_dy, per = _streamed(diff_dst, dtype, y_shape, spec.ocg)
+    blocks, workers = _plan(spec, per, w.nbytes + _scratch(spec, "bwd_data", dtype.itemsize), workspace_limit,
+                            "bwd_data", CB_CHANNELS if cl else 1)
+
+    def work(b):
+        dy, dyc0 = get_dy(*b)
+        (jit.backward_data_cl if cl else jit.backward_data)(dy, dyc0, w, dsrc, 0, b[0], b[1], geo)
+    _run(work, blocks, workers)
+    return dsrc.reshape(spec.src_shape)
+
+
+def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, *, dtype,
+                          workspace_limit: int) -> np.ndarray:
+    jit = _jit()
+    dtype = np.dtype(dtype)
+    x_shape = (spec.mb, spec.ic) + _as3d(spec.src, 0)
+    y_shape = (spec.mb, spec.oc) + _as3d(spec.dst, 0)
+    k3 = _as3d(spec.kernel, 0)
+    dw = np.empty((spec.oc,) + k3, dtype=dtype)
+    geo = _geo(spec)
+    cl = channels_last(spec, "bwd_weights")
+    get_x, per_x = _streamed(src, dtype, x_shape, 1)
+    get_dy, per_dy = _streamed(diff_dst, dtype, y_shape, spec.ocg)
+    blocks, workers = _plan(spec, per_x + per_dy, _scratch(spec, "bwd_weights", dtype.itemsize), workspace_limit,
+                            "bwd_weights", CB_CHANNELS if cl else 1)
+
+    def work(b):
+        x, xc0 = get_x(*b)
+        dy, dyc0 = get_dy(*b)
+        (jit.backward_weights_cl if cl else jit.backward_weights)(x, xc0, dy, dyc0, dw, b[0], b[1], geo)
+    _run(work, blocks, workers)
+    return dw.reshape(spec.weights_shape)

@@ -1,0 +1,289 @@
+"""The compiled depthwise kernel (``algorithm="direct"``, kernels/depthwise.py): against the
+float64 reference on random depthwise problems, determinism across threads and workspace
+caps, inputs untouched, the NumPy fallback without numba, and the errors of the keyword."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import convgrad as cg
+from convgrad import dispatch
+from convgrad.kernels import depthwise as dwk
+from convgrad.kernels import reference as ref
+from convgrad.spec import make_spec
+
+from .helpers import Tally, feasible, rel_err
+
+needs_numba = pytest.mark.skipif(not dwk.available(), reason="numba is not installed (or CONVGRAD_NUMBA=0)")
+TALLY = Tally("direct depthwise kernel vs float64 reference")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report(request):
+    yield
+    TALLY.report(request)
+
+
+@pytest.fixture(params=["phase", "channels_last"])
+def variant(request, monkeypatch):
+    """Both loop nests of the kernel: per-channel phase grids and channels-last blocks."""
+    size = 1 << 40 if request.param == "channels_last" else -1
+    monkeypatch.setattr(dwk, "SMALL_IMAGE", size)
+    monkeypatch.setattr(dwk, "SMALL_IMAGE_BWD_WEIGHTS", size)
+    return request.param
+
+
+def _spec(n, c, mult, src, k, s, d, pb, pe):
+    return make_spec("test", mb=n, ic=c, oc=c * mult, groups=c, src=src, kernel=k, strides=s, dilations=d,
+                     pads_begin=pb, pads_end=pe)
+
+
+def _kw(spec):
+    return dict(strides=spec.strides, dilations=spec.dilations, pads_begin=spec.pads_begin,
+                pads_end=spec.pads_end, groups=spec.groups)
+
+
+def _inputs(spec, rng, dtype=np.float64):
+    return (rng.standard_normal(spec.src_shape).astype(dtype), rng.standard_normal(spec.weights_shape).astype(dtype),
+            rng.standard_normal(spec.dst_shape).astype(dtype))
+
+
+def _all(spec, x, w, dy, **extra):
+    return (cg.conv_forward(x, w, **_kw(spec), **extra),
+            cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), **extra),
+            cg.conv_backward_data(dy, w, spec.src, **_kw(spec), **extra))
+
+
+def _want(spec, x, w, dy):
+    x, w, dy = (a.astype(np.float64) for a in (x, w, dy))
+    return (ref.conv_forward(spec, x, w), ref.conv_backward_weights(spec, x, dy),
+            ref.conv_backward_data(spec, dy, w))
+
+
+def _check(spec, rng, dtype=np.float64):
+    x, w, dy = _inputs(spec, rng, dtype)
+    got = _all(spec, x, w, dy, algorithm="direct")
+    # float64: rounding only; float32: rounding grows with the reduction length
+    red = max(1, spec.mb * int(np.prod(spec.dst)), int(np.prod(spec.kernel)) * spec.ocg)
+    tol = 1e-12 if dtype == np.float64 else 2e-6 * np.sqrt(red)
+    for name, a, b in zip(("fwd", "bwd_weights", "bwd_data"), got, _want(spec, x, w, dy)):
+        assert a.dtype == dtype and a.shape == b.shape, (name, str(spec))
+        err = rel_err(a, b)
+        nest = "channels_last" if dwk.SMALL_IMAGE > 0 else "phase"
+        TALLY.record((name, np.dtype(dtype).name, f"{spec.nsp}-D", nest), err)
+        assert err <= tol, (name, str(spec), err)
+
+
+def _random_spec(rng, nsp, mult, huge_pads=False):
+    while True:
+        src = tuple(int(v) for v in rng.integers(1, 10, nsp))
+        k = tuple(int(v) for v in rng.integers(1, 5, nsp))
+        s = tuple(int(v) for v in rng.integers(1, 4, nsp))
+        d = tuple(int(v) for v in rng.integers(1, 3, nsp))
+        top = 12 if huge_pads else 3
+        pb = tuple(int(v) for v in rng.integers(0, top, nsp))
+        pe = tuple(int(v) for v in rng.integers(0, top, nsp))
+        if nsp > 1 and len(set(k)) == 1:                     # non-square kernels only
+            continue
+        if feasible(src, k, d, pb, pe):
+            return _spec(int(rng.choice([0, 1, 3])), int(rng.integers(1, 6)), mult, src, k, s, d, pb, pe)
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("mult", [1, 2, 3])
+@pytest.mark.parametrize("nsp", [1, 2, 3])
+def test_direct_matches_reference_random(nsp, mult, dtype, variant):
+    rng = np.random.default_rng(100 * nsp + 10 * mult + (dtype == np.float32))
+    for i in range(6):
+        _check(_random_spec(rng, nsp, mult, huge_pads=(i % 3 == 2)), rng, dtype)
+
+
+@needs_numba
+@pytest.mark.parametrize("s", [1, 2, 3])
+@pytest.mark.parametrize("extra", [0, 1, 2])
+def test_direct_every_floor_remainder(s, extra, variant):
+    """(i + pb + pe - ek) % s takes every value; unread trailing rows get exactly zero."""
+    rng = np.random.default_rng(40 + 3 * s + extra)
+    k, d, pb, pe = (3, 2), (2, 1), (1, 0), (0, 2)
+    src = tuple(4 * s + ((extra - (b + e - (dd * (kk - 1) + 1))) % s) for kk, dd, b, e in zip(k, d, pb, pe))
+    spec = _spec(2, 3, 2, src, k, (s, s), d, pb, pe)
+    assert all((i + b + e - (dd * (kk - 1) + 1)) % s == extra % s for i, kk, dd, b, e in zip(src, k, d, pb, pe))
+    _check(spec, rng)
+    x, w, dy = _inputs(spec, rng)
+    dx = cg.conv_backward_data(dy, w, spec.src, algorithm="direct", **_kw(spec))
+    for ax in range(2):
+        last = (spec.dst[ax] - 1) * s + d[ax] * (k[ax] - 1) - pb[ax]      # last input row read
+        tail = [slice(None)] * 4
+        tail[2 + ax] = slice(last + 1, None)
+        assert not dx[tuple(tail)].any()
+
+
+@needs_numba
+def test_direct_pads_larger_than_the_kernel_and_unit_shapes(variant):
+    rng = np.random.default_rng(5)
+    for spec in (_spec(2, 3, 2, (4, 3), (2, 3), (1, 2), (1, 1), (7, 5), (6, 9)),      # outputs of pure padding
+                 _spec(1, 2, 1, (1,), (1,), (1,), (1,), (0,), (0,)),
+                 _spec(3, 1, 4, (9, 1, 5), (3, 1, 2), (3, 1, 2), (2, 1, 3), (0, 0, 4), (4, 0, 0)),
+                 _spec(1, 64, 1, (14, 15), (3, 3), (2, 2), (1, 1), (1, 1), (1, 0))):
+        for dt in (np.float64, np.float32):
+            _check(spec, rng, dt)
+
+
+@needs_numba
+def test_direct_is_chosen_and_half_types_round_once():
+    spec = _spec(2, 4, 2, (9, 8), (3, 2), (2, 1), (1, 2), (1, 0), (0, 1))
+    for direction in dispatch.DIRECTIONS:
+        assert cg.choose_algorithm(spec, direction) == "direct"
+        assert cg.choose_algorithm(spec, direction, np.int32) == "reference"
+        assert dispatch.estimate_cost(spec, direction, "direct") > 0
+    rng = np.random.default_rng(6)
+    for half in (np.float16, ml_dtypes.bfloat16):
+        x, w, dy = _inputs(spec, rng, half)
+        want = _all(spec, x.astype(np.float32), w.astype(np.float32), dy.astype(np.float32), algorithm="direct")
+        for a, b in zip(_all(spec, x, w, dy), want):
+            assert a.dtype == half
+            np.testing.assert_array_equal(a, b.astype(half))
+
+
+@needs_numba
+def test_direct_bitwise_across_threads_caps_and_layouts(variant):
+    """Same bits with 1 or 2 threads, with a cap that forces one-channel chunks, and for
+    strided / read-only / Fortran inputs (converted per chunk)."""
+    rng = np.random.default_rng(7)
+    spec = _spec(3, 24, 2, (31, 29), (3, 2), (2, 1), (1, 2), (1, 0), (2, 1))
+    x, w, dy = _inputs(spec, rng, np.float32)
+    assert all(cg.choose_algorithm(spec, d) == "direct" for d in dispatch.DIRECTIONS)
+    old = dwk.PARALLEL_MACS
+    try:
+        dwk.PARALLEL_MACS = 0                                  # small problem: still use the pool
+        cg.set_num_threads(1)
+        one = _all(spec, x, w, dy)
+        cg.set_num_threads(2)
+        two = _all(spec, x, w, dy)
+        xs = np.asfortranarray(x)
+        dys = np.repeat(dy, 2, axis=1)[:, ::2]                  # a strided view equal to dy
+        ro = [a.copy() for a in (x, w, dy)]
+        for a in ro:
+            a.flags.writeable = False
+        strided = (cg.conv_forward(xs, w, **_kw(spec)), cg.conv_backward_weights(xs, dys, spec.kernel, **_kw(spec)),
+                   cg.conv_backward_data(dys, w, spec.src, **_kw(spec)))
+        readonly = _all(spec, *ro)
+        # room for the scratch and about one converted channel of each input: one-channel chunks
+        channel = spec.mb * (int(np.prod(spec.src)) + int(np.prod(spec.dst)) * spec.ocg) * 4
+        cap = max(dwk._scratch(spec, d, 4) for d in dispatch.DIRECTIONS) + w.nbytes + channel + channel // 2
+        tiny = _all(spec, xs, w, dys, workspace_limit=cap)
+    finally:
+        dwk.PARALLEL_MACS = old
+        cg.set_num_threads(None)
+    for got in (two, strided, readonly, tiny):
+        for a, b in zip(got, one):
+            np.testing.assert_array_equal(a, b)
+
+
+@needs_numba
+def test_direct_cap_too_small_raises():
+    spec = _spec(1, 2, 1, (40, 40), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    rng = np.random.default_rng(8)
+    x, w, dy = _inputs(spec, rng, np.float32)
+    with pytest.raises(cg.WorkspaceError, match="workspace limit"):
+        cg.conv_forward(x, w, **_kw(spec), workspace_limit=1000)
+
+
+@needs_numba
+def test_cap_below_the_direct_scratch_falls_back_to_numpy():
+    """A huge 1-D image whose per-channel scratch exceeds the cap: the automatic choice
+    runs the NumPy lowering (row slabs) instead; ``algorithm="direct"`` reports the cap."""
+    spec = _spec(1, 2, 1, (20000,), (3,), (1,), (1,), (1,), (1,))
+    rng = np.random.default_rng(12)
+    x, w, dy = _inputs(spec, rng, np.float32)
+    cap = 100_000                               # < one channel's phase grid and copies (~240 kB)
+    assert not dwk.fits(spec, "fwd", np.float32, cap) and dwk.fits(spec, "fwd", np.float32, 1 << 20)
+    got = _all(spec, x, w, dy, workspace_limit=cap)
+    for a, b in zip(got, _want(spec, x, w, dy)):
+        assert rel_err(a, b) <= 1e-5                # float32 sums of 20000 products
+    with pytest.raises(cg.WorkspaceError, match="workspace limit"):
+        cg.conv_forward(x, w, **_kw(spec), algorithm="direct", workspace_limit=cap)
+
+
+@needs_numba
+def test_direct_inputs_not_modified(variant):
+    rng = np.random.default_rng(9)
+    spec = _spec(2, 5, 3, (7, 6, 5), (2, 3, 1), (1, 2, 1), (2, 1, 1), (1, 0, 2), (0, 1, 0))
+    for dt in (np.float32, np.float64, np.float16):
+        x, w, dy = _inputs(spec, rng, dt)
+        copies = [a.copy() for a in (x, w, dy)]
+        _all(spec, x, w, dy, algorithm="direct")
+        for a, b in zip((x, w, dy), copies):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_direct_keyword_errors(monkeypatch):
+    rng = np.random.default_rng(10)
+    dense = make_spec("t", mb=1, ic=4, oc=6, groups=2, src=(6, 5), kernel=(3, 2), strides=1, dilations=1,
+                      pads_begin=0, pads_end=0)
+    x, w, dy = _inputs(dense, rng, np.float32)
+    with pytest.raises(cg.ConvValueError, match=r"conv_forward: algorithm 'direct' expects a depthwise problem"):
+        cg.conv_forward(x, w, **_kw(dense), algorithm="direct")
+    with pytest.raises(cg.ConvValueError, match=r"conv_backward_data: algorithm 'direct' expects a depthwise"):
+        cg.conv_backward_data(dy, w, dense.src, **_kw(dense), algorithm="direct")
+    spec = _spec(1, 3, 2, (6, 5), (3, 2), (1, 1), (1, 1), (0, 0), (0, 0))
+    x, w, dy = _inputs(spec, rng, np.float32)
+    monkeypatch.setenv("CONVGRAD_NUMBA", "0")
+    assert not dwk.available()
+    with pytest.raises(cg.ConvValueError, match=r"conv_backward_weights: algorithm 'direct' expects numba"):
+        cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="direct")
+    assert cg.choose_algorithm(spec, "fwd") in ("taps", "im2col")
+    with pytest.raises(cg.ConvValueError, match="algorithm must be one of"):
+        cg.conv_forward(x, w, **_kw(spec), algorithm="depthwise")
+
+
+@needs_numba
+def test_numpy_fallback_matches_direct(monkeypatch):
+    """Without numba (``CONVGRAD_NUMBA=0``) the NumPy lowerings run depthwise problems and
+    agree with the compiled kernel to rounding."""
+    rng = np.random.default_rng(11)
+    spec = _spec(2, 6, 2, (11, 10), (3, 2), (2, 1), (1, 2), (1, 0), (2, 1))
+    x, w, dy = _inputs(spec, rng, np.float32)
+    fast = _all(spec, x, w, dy)
+    monkeypatch.setenv("CONVGRAD_NUMBA", "0")
+    slow = _all(spec, x, w, dy)
+    for a, b in zip(fast, slow):
+        assert rel_err(a, b) <= 1e-6
+
+
+def test_without_numba_in_a_subprocess():
+    """A process where ``import numba`` fails: depthwise problems still run (NumPy path)."""
+    code = """
+import sys, numpy as np
+sys.modules['numba'] = None                 # import numba -> ImportError
+import convgrad as cg
+from convgrad.kernels import depthwise
+assert not depthwise.available()
+x = np.arange(2 * 4 * 7 * 6, dtype=np.float32).reshape(2, 4, 7, 6) / 50
+w = np.linspace(-1, 1, 4 * 2 * 3 * 2, dtype=np.float32).reshape(8, 1, 3, 2)
+kw = dict(strides=(2, 1), pads_begin=(1, 0), pads_end=(0, 1), groups=4)
+y = cg.conv_forward(x, w, **kw)
+assert cg.choose_algorithm(cg.ConvSpec(mb=2, ic=4, oc=8, groups=4, src=(7, 6), kernel=(3, 2), strides=(2, 1),
+                                       dilations=(1, 1), pads_begin=(1, 0), pads_end=(0, 1)), "fwd") != "direct"
+np.save(sys.argv[1], y)
+"""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "y.npy")
+        env = dict(os.environ)
+        env.pop("CONVGRAD_NUMBA", None)
+        subprocess.run([sys.executable, "-c", code, out], check=True, env=env, timeout=300)
+        y = np.load(out)
+    x = np.arange(2 * 4 * 7 * 6, dtype=np.float32).reshape(2, 4, 7, 6) / 50
+    w = np.linspace(-1, 1, 4 * 2 * 3 * 2, dtype=np.float32).reshape(8, 1, 3, 2)
+    spec = make_spec("t", mb=2, ic=4, oc=8, groups=4, src=(7, 6), kernel=(3, 2), strides=(2, 1), dilations=1,
+                     pads_begin=(1, 0), pads_end=(0, 1))
+    assert rel_err(y, ref.conv_forward(spec, x.astype(np.float64), w.astype(np.float64))) <= 1e-6
