@@ -664,3 +664,37 @@ def test_latent_data_gradient_scatters_instead_of_flipping():
             runs.append(cg.conv_backward_data(dy, w, spec.src, algorithm="im2col", **_kw(spec)))
     assert rel_err(runs[0], want) <= 1e-5
     np.testing.assert_array_equal(runs[0], runs[1])
+
+
+def test_weights_gradient_chunks_output_channels_with_few_inputs(monkeypatch):
+    """im2col with few input channels and many output channels (an ISTFT: 1 in, 1026 out)
+    chunks the weights gradient over output channels; few of both (a 3-D latent) over the
+    input channels. Exact, bitwise across thread counts and workspace caps."""
+    import threadpoolctl
+    from convgrad.kernels import gemm
+    istft = _spec(1, 1, 1026, 1, (58112,), (1024,), (256,), (1,), (0,), (0,))
+    latent = _spec(8, 8, 16, 1, (28, 28, 28), (28, 28, 28), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
+    assert gemm.weight_chunk_axis(istft, "im2col") == 1 and gemm.weight_chunks(istft, "bwd_weights", "im2col") == 2
+    assert gemm.weight_chunk_axis(latent, "im2col") == 2 and gemm.weight_chunks(latent, "bwd_weights", "im2col") == 2
+    monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
+    monkeypatch.setattr(gemm, "CHUNK_MIN_CHANNELS", 2)
+    gemm._plan_cached.cache_clear()
+    rng = np.random.default_rng(81)
+    for spec, axis in ((_spec(1, 1, 7, 1, (45,), (12,), (4,), (1,), (1,), (0,)), 1),
+                       (_spec(2, 3, 2, 1, (5, 6), (5, 4), (1, 1), (1, 1), (0, 0), (0, 0)), 2)):
+        assert gemm.weight_chunk_axis(spec, "im2col") == axis
+        assert gemm.weight_chunks(spec, "bwd_weights", "im2col") == 2, str(spec)
+        x = rng.standard_normal(spec.src_shape).astype(np.float32)
+        dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
+        want = ref.conv_backward_weights(spec, x.astype(np.float64), dy.astype(np.float64))
+        runs = []
+        for cap in (1 << 30, 4096):
+            for n in (1, 2):
+                with threadpoolctl.threadpool_limits(n, user_api="blas"):
+                    runs.append(cg.conv_backward_weights(x, dy, spec.kernel, algorithm="im2col",
+                                                         workspace_limit=cap, **_kw(spec)))
+        for got in runs:
+            assert rel_err(got, want) <= 1e-5, str(spec)
+        np.testing.assert_array_equal(runs[0], runs[1])
+        np.testing.assert_array_equal(runs[2], runs[3])
+    gemm._plan_cached.cache_clear()
