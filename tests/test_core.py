@@ -666,35 +666,35 @@ def test_latent_data_gradient_scatters_instead_of_flipping():
     np.testing.assert_array_equal(runs[0], runs[1])
 
 
-def test_weights_gradient_chunks_output_channels_with_few_inputs(monkeypatch):
-    """im2col with few input channels and many output channels (an ISTFT: 1 in, 1026 out)
-    chunks the weights gradient over output channels; few of both (a 3-D latent) over the
-    input channels. Exact, bitwise across thread counts and workspace caps."""
+def test_weights_gradient_chunks_few_input_channels(monkeypatch):
+    """im2col chunks the weights gradient over as few as two input channels when the result
+    dwarfs the inputs (a 3-D latent: 8 channels, a 28^3 kernel, 8 rows). Exact, bitwise
+    across thread counts and workspace caps."""
     import threadpoolctl
     from convgrad.kernels import gemm
-    istft = _spec(1, 1, 1026, 1, (58112,), (1024,), (256,), (1,), (0,), (0,))
     latent = _spec(8, 8, 16, 1, (28, 28, 28), (28, 28, 28), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
-    assert gemm.weight_chunk_axis(istft, "im2col") == 1 and gemm.weight_chunks(istft, "bwd_weights", "im2col") == 2
-    assert gemm.weight_chunk_axis(latent, "im2col") == 2 and gemm.weight_chunks(latent, "bwd_weights", "im2col") == 2
+    assert gemm.weight_chunks(latent, "bwd_weights", "im2col") == 2
+    assert gemm.weight_chunks(latent, "bwd_weights", "taps") == 1
     monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
-    monkeypatch.setattr(gemm, "CHUNK_MIN_CHANNELS", 2)
     gemm._plan_cached.cache_clear()
     rng = np.random.default_rng(81)
-    for spec, axis in ((_spec(1, 1, 7, 1, (45,), (12,), (4,), (1,), (1,), (0,)), 1),
-                       (_spec(2, 3, 2, 1, (5, 6), (5, 4), (1, 1), (1, 1), (0, 0), (0, 0)), 2)):
-        assert gemm.weight_chunk_axis(spec, "im2col") == axis
-        assert gemm.weight_chunks(spec, "bwd_weights", "im2col") == 2, str(spec)
-        x = rng.standard_normal(spec.src_shape).astype(np.float32)
-        dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
-        want = ref.conv_backward_weights(spec, x.astype(np.float64), dy.astype(np.float64))
-        runs = []
-        for cap in (1 << 30, 4096):
-            for n in (1, 2):
-                with threadpoolctl.threadpool_limits(n, user_api="blas"):
-                    runs.append(cg.conv_backward_weights(x, dy, spec.kernel, algorithm="im2col",
-                                                         workspace_limit=cap, **_kw(spec)))
-        for got in runs:
-            assert rel_err(got, want) <= 1e-5, str(spec)
-        np.testing.assert_array_equal(runs[0], runs[1])
-        np.testing.assert_array_equal(runs[2], runs[3])
+    spec = _spec(2, 3, 2, 1, (5, 6), (5, 4), (1, 1), (1, 1), (0, 0), (0, 0))
+    assert gemm.weight_chunks(spec, "bwd_weights", "im2col") == 2
+    x = rng.standard_normal(spec.src_shape).astype(np.float32)
+    dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
+    want = ref.conv_backward_weights(spec, x.astype(np.float64), dy.astype(np.float64))
+    geom = gemm.geometry(spec)
+    whole = gemm.Block(0, spec.mb, 0, spec.dst[0], True)
+    small = gemm.workspace_bytes(geom, "bwd_weights", "im2col", whole, 4) - 1
+    assert len(gemm.plan(geom, "bwd_weights", "im2col", 4, small, dispatch.ROWS_TARGET)) > 1
+    runs = []
+    for cap in (1 << 30, small):                     # one row block; rows split too
+        for n in (1, 2):
+            with threadpoolctl.threadpool_limits(n, user_api="blas"):
+                runs.append(cg.conv_backward_weights(x, dy, spec.kernel, algorithm="im2col",
+                                                     workspace_limit=cap, **_kw(spec)))
+    for got in runs:
+        assert rel_err(got, want) <= 1e-5
+    np.testing.assert_array_equal(runs[0], runs[1])
+    np.testing.assert_array_equal(runs[2], runs[3])
     gemm._plan_cached.cache_clear()

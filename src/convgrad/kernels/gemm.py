@@ -819,20 +819,6 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
     return dst
 
 
-def weight_chunk_axis(spec: ConvSpec, algorithm: str) -> int:
-    """The axis of the chunked weights-gradient layout that ``weight_chunks`` splits (pure).
-
-    ``taps`` (layout (T, G, Og, Cg)): axis 2, the output channels. ``im2col`` (layout
-    (G, Og, Cg, T)): axis 2, the input channels (each chunk builds only its rows of the
-    column matrix, a product of ``Cg/2 * T`` columns), unless there are few of them and
-    many output channels: then axis 1, the output channels, each chunk building the whole
-    (small) column matrix. An ISTFT (1 input channel, 1026 output channels, 224 rows) had
-    two row blocks whose 1026 x 1024 partial gradients were allocated and added."""
-    if algorithm == "im2col" and spec.icg < 2 * CHUNK_MIN_CHANNELS <= spec.ocg:
-        return 1
-    return 2
-
-
 def weight_chunks(spec: ConvSpec, direction: str, algorithm: str) -> int:
     """Channel chunks of a large weights gradient with few rows (pure).
 
@@ -842,11 +828,12 @@ def weight_chunks(spec: ConvSpec, direction: str, algorithm: str) -> int:
     place: no partials, no adds. ``im2col`` splits the input channels (each chunk builds
     only its rows of the column matrix), ``taps`` the output channels (each chunk packs
     only its channels of ``diff_dst``); the other operand, small next to the result in
-    exactly these layers, is then packed once per chunk.
+    exactly these layers, is then packed once per chunk. ``im2col`` chunks need only two
+    input channels (a chunk's product is still ``Cg/2 * T`` columns wide: a 3-D latent of 8
+    channels and a 28^3 kernel, 8.5 -> 3.4 ms); ``taps`` ones ``CHUNK_MIN_CHANNELS``.
     """
-    axis = weight_chunk_axis(spec, algorithm)
-    split = spec.icg if axis == 2 and algorithm == "im2col" else spec.ocg
-    least = 2 if algorithm == "im2col" and axis == 2 else 2 * CHUNK_MIN_CHANNELS
+    split = spec.icg if algorithm == "im2col" else spec.ocg
+    least = 2 if algorithm == "im2col" else 2 * CHUNK_MIN_CHANNELS
     if direction != "bwd_weights" or spec.groups != 1 or split < least:
         return 1
     if spec.flops < PARALLEL_FLOPS or (algorithm == "taps" and spec.icg == spec.ocg == 1):
@@ -863,23 +850,19 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     blocks, worst = _plan(geom, "bwd_weights", algorithm, dtype, workspace_limit, rows_target)
     per, slabs = _natural(geom, "bwd_weights", algorithm, rows_target)
     nchunks = weight_chunks(spec, "bwd_weights", algorithm) if slabs == 1 and per >= spec.mb else 1
-    ch = weight_chunk_axis(spec, algorithm)                     # the chunked axis of the layout
-    by_input = algorithm == "im2col" and ch == 2
-    cuts = _bounds(cg if by_input else og, nchunks)
+    cuts = _bounds(cg if algorithm == "im2col" else og, nchunks)
     items = [(b, o0, o1) for b in blocks for o0, o1 in zip(cuts, cuts[1:])]
     if algorithm == "im2col":
         layout, order = (g, og, cg, t), (0, 1, 2, 3)          # already (G, Og, Cg, T)
 
         def work(item, out=None) -> np.ndarray:
-            b, c0, c1 = item                                   # input (or output) channels [c0, c1)
-            ci0, ci1 = (c0, c1) if by_input else (0, cg)
-            co0, co1 = (0, og) if by_input else (c0, c1)
-            sub = spec if ci1 - ci0 == cg else dataclasses.replace(spec, ic=ci1 - ci0)
-            cols = _src_cols(sub, src if sub is spec else src[:, ci0:ci1], b, dtype)   # (G, Cg*T, rows)
+            b, c0, c1 = item                                   # input channels [c0, c1)
+            sub = spec if nchunks == 1 else dataclasses.replace(spec, ic=c1 - c0)
+            cols = _src_cols(sub, src if nchunks == 1 else src[:, c0:c1], b, dtype)   # (G, Cg*T, rows)
             rows = cols.shape[2]
-            dy = _dst_rows(spec, diff_dst, b, dtype).reshape(g, og, rows)[:, co0:co1]
-            part = np.empty((g, co1 - co0, ci1 - ci0, t), dtype=dtype) if out is None else out
-            matmul_into(dy, cols.swapaxes(1, 2), part.reshape(g, co1 - co0, (ci1 - ci0) * t), False)
+            dy = _dst_rows(spec, diff_dst, b, dtype).reshape(g, og, rows)
+            part = np.empty((g, og, c1 - c0, t), dtype=dtype) if out is None else out
+            matmul_into(dy, cols.swapaxes(1, 2), part.reshape(g, og, (c1 - c0) * t), False)
             return part
     elif _pointwise(spec, src, diff_dst, dtype=dtype):
         layout, order = (1, g, og, cg), (1, 2, 3, 0)
@@ -914,10 +897,8 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
             return part
     rows = _block_rows(geom, algorithm, blocks)
     m = cuts[1] - cuts[0]
-    if algorithm == "im2col":
-        product = (og, m * t, rows) if by_input else (m, cg * t, rows)
-    else:
-        product = NO_PRODUCT if og == cg == 1 else (m, cg, rows)
+    product = (og, m * t, rows) if algorithm == "im2col" else (NO_PRODUCT if og == cg == 1 else (m, cg, rows))
+    ch = 2                                                     # the chunked axis of the layout
     if not blocks:
         return np.zeros(spec.weights_shape, dtype=dtype)
     if len(blocks) == 1 or nchunks > 1:
