@@ -664,37 +664,3 @@ def test_latent_data_gradient_scatters_instead_of_flipping():
             runs.append(cg.conv_backward_data(dy, w, spec.src, algorithm="im2col", **_kw(spec)))
     assert rel_err(runs[0], want) <= 1e-5
     np.testing.assert_array_equal(runs[0], runs[1])
-
-
-def test_weights_gradient_chunks_few_input_channels(monkeypatch):
-    """im2col chunks the weights gradient over as few as two input channels when the result
-    dwarfs the inputs (a 3-D latent: 8 channels, a 28^3 kernel, 8 rows). Exact, bitwise
-    across thread counts and workspace caps."""
-    import threadpoolctl
-    from convgrad.kernels import gemm
-    latent = _spec(8, 8, 16, 1, (28, 28, 28), (28, 28, 28), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
-    assert gemm.weight_chunks(latent, "bwd_weights", "im2col") == 2
-    assert gemm.weight_chunks(latent, "bwd_weights", "taps") == 1
-    monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
-    gemm._plan_cached.cache_clear()
-    rng = np.random.default_rng(81)
-    spec = _spec(2, 3, 2, 1, (5, 6), (5, 4), (1, 1), (1, 1), (0, 0), (0, 0))
-    assert gemm.weight_chunks(spec, "bwd_weights", "im2col") == 2
-    x = rng.standard_normal(spec.src_shape).astype(np.float32)
-    dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
-    want = ref.conv_backward_weights(spec, x.astype(np.float64), dy.astype(np.float64))
-    geom = gemm.geometry(spec)
-    whole = gemm.Block(0, spec.mb, 0, spec.dst[0], True)
-    small = gemm.workspace_bytes(geom, "bwd_weights", "im2col", whole, 4) - 1
-    assert len(gemm.plan(geom, "bwd_weights", "im2col", 4, small, dispatch.ROWS_TARGET)) > 1
-    runs = []
-    for cap in (1 << 30, small):                     # one row block; rows split too
-        for n in (1, 2):
-            with threadpoolctl.threadpool_limits(n, user_api="blas"):
-                runs.append(cg.conv_backward_weights(x, dy, spec.kernel, algorithm="im2col",
-                                                     workspace_limit=cap, **_kw(spec)))
-    for got in runs:
-        assert rel_err(got, want) <= 1e-5
-    np.testing.assert_array_equal(runs[0], runs[1])
-    np.testing.assert_array_equal(runs[2], runs[3])
-    gemm._plan_cached.cache_clear()

@@ -828,13 +828,10 @@ def weight_chunks(spec: ConvSpec, direction: str, algorithm: str) -> int:
     place: no partials, no adds. ``im2col`` splits the input channels (each chunk builds
     only its rows of the column matrix), ``taps`` the output channels (each chunk packs
     only its channels of ``diff_dst``); the other operand, small next to the result in
-    exactly these layers, is then packed once per chunk. ``im2col`` chunks need only two
-    input channels (a chunk's product is still ``Cg/2 * T`` columns wide: a 3-D latent of 8
-    channels and a 28^3 kernel, 8.5 -> 3.4 ms); ``taps`` ones ``CHUNK_MIN_CHANNELS``.
+    exactly these layers, is then packed once per chunk.
     """
     split = spec.icg if algorithm == "im2col" else spec.ocg
-    least = 2 if algorithm == "im2col" else 2 * CHUNK_MIN_CHANNELS
-    if direction != "bwd_weights" or spec.groups != 1 or split < least:
+    if direction != "bwd_weights" or spec.groups != 1 or split < 2 * CHUNK_MIN_CHANNELS:
         return 1
     if spec.flops < PARALLEL_FLOPS or (algorithm == "taps" and spec.icg == spec.ocg == 1):
         return 1
