@@ -640,3 +640,29 @@ def test_flipped_weights_copied_in_pieces(monkeypatch):
             with threadpoolctl.threadpool_limits(n, user_api="blas"):
                 got = cg.conv_backward_data(dy, w, spec.src, algorithm="im2col", **_kw(spec))
             assert rel_err(got, want) <= 1e-12
+
+
+def test_latent_data_gradient_scatters_instead_of_flipping():
+    """A kernel far larger than the output (a transposed convolution from a 1x1x1 latent):
+    the flipped forward would gather a column matrix T * C_out per input position (1.1 GB
+    for a 28^3 kernel), so im2col runs col2im instead and the cost model picks it; exact
+    against the reference and bitwise across thread counts."""
+    import threadpoolctl
+    from convgrad.kernels import gemm
+    big = _spec(8, 8, 16, 1, (28, 28, 28), (28, 28, 28), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
+    same = _spec(2, 64, 64, 1, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    assert gemm.flipped_spec(big) is not None and gemm.flipped_data_gradient(big) is None
+    assert gemm.flipped_data_gradient(same) == gemm.flipped_spec(same) is not None
+    assert cg.choose_algorithm(big, "bwd_data") == "im2col"
+    rng = np.random.default_rng(71)
+    spec = _spec(3, 3, 5, 1, (7, 6, 5), (7, 5, 4), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
+    assert gemm.flipped_data_gradient(spec) is None
+    dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
+    w = rng.standard_normal(spec.weights_shape).astype(np.float32)
+    want = ref.conv_backward_data(spec, dy.astype(np.float64), w.astype(np.float64))
+    runs = []
+    for n in (1, 2):
+        with threadpoolctl.threadpool_limits(n, user_api="blas"):
+            runs.append(cg.conv_backward_data(dy, w, spec.src, algorithm="im2col", **_kw(spec)))
+    assert rel_err(runs[0], want) <= 1e-5
+    np.testing.assert_array_equal(runs[0], runs[1])

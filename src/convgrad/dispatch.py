@@ -12,7 +12,8 @@ to the reference kernel, which accumulates in int64), then a cost model,
   runs one GEMM with a long reduction. It wins on small images (the halo would waste a
   large share of the flops) and on few channels (a per-tap GEMM of 3 channels is thin).
   Its data gradient scatters the columns back (col2im), except with stride 1, where it
-  runs as the forward im2col of ``diff_dst`` with the flipped kernel.
+  runs as the forward im2col of ``diff_dst`` with the flipped kernel (unless that column
+  matrix is many times larger: kernels far larger than the output).
 * ``direct`` (``kernels/depthwise.py``) is a compiled loop nest for depthwise problems
   (one input channel per group, any channel multiplier, 1-3 spatial axes). It needs numba
   (extra ``convgrad[fast]``; ``CONVGRAD_NUMBA=0`` turns it off). There the GEMM lowerings
@@ -41,7 +42,7 @@ import numpy as np
 
 from .errors import ConvTypeError, ConvValueError
 from .kernels import depthwise
-from .kernels.gemm import flipped_spec, pointwise_spec
+from .kernels.gemm import flipped_data_gradient, pointwise_spec
 from .spec import ConvSpec
 
 ALGORITHMS = ("reference", "im2col", "taps", "direct")
@@ -135,7 +136,7 @@ def estimate_cost(spec: ConvSpec, direction: str, algorithm: str) -> float:
             return _gemm_seconds(og, exact, cg * t, g) + moves + calls
         if direction == "bwd_weights":
             return _gemm_seconds(og, cg * t, exact, g) + moves + calls
-        flipped = flipped_spec(spec)
+        flipped = flipped_data_gradient(spec)
         if flipped is not None:                     # stride 1: a forward im2col, no scatter
             return estimate_cost(flipped, "fwd", "im2col")
         loops = 1

@@ -47,7 +47,8 @@ padding), so with ``cols[(k, c), y]``:
     bwd_data     Z  = W_cols^T @ dY;  dsrc[window(k)] += Z[k]  (col2im)   (M = taps * Cg)
 
 With stride 1 the data gradient is itself a forward correlation of ``dY`` with the
-flipped kernel (``flipped_spec``), so ``im2col`` runs it as a forward im2col: no scatter.
+flipped kernel (``flipped_spec``), so ``im2col`` runs it as a forward im2col: no scatter
+(``flipped_data_gradient``: unless that column matrix is many times larger than Z).
 
 Work runs in *blocks* (several whole images, or a slab of rows of one image) planned
 from the problem alone, balanced (equal image counts, slabs within one row of each
@@ -951,11 +952,27 @@ def flipped_spec(spec: ConvSpec) -> ConvSpec | None:
     return out if out.dst == spec.src else None
 
 
+# The flipped forward gathers T * C_out columns per *input* position, col2im's Z holds
+# T * C_in per *output* position. Flipping saves the scatter, but not when its column
+# matrix is many times larger: a 28^3 kernel on a 1x1x1 output (a transposed convolution
+# from a latent) made it 21952 times larger (1.1 GB, over the cap) where Z is 1.4M elements.
+FLIP_MAX_RATIO = 4
+
+
+def flipped_data_gradient(spec: ConvSpec) -> ConvSpec | None:
+    """``flipped_spec`` when ``im2col`` runs the data gradient that way, else None (col2im;
+    pure): stride 1 and a flipped column matrix at most ``FLIP_MAX_RATIO`` times Z's."""
+    flipped = flipped_spec(spec)
+    if flipped is None or spec.oc * math.prod(spec.src) > FLIP_MAX_RATIO * spec.ic * math.prod(spec.dst):
+        return None
+    return flipped
+
+
 def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, *, dtype, algorithm: str,
                        workspace_limit: int, rows_target: int) -> np.ndarray:
     geom = geometry(spec)
     g, cg, og, t = spec.groups, spec.icg, spec.ocg, len(geom.taps)
-    flipped = flipped_spec(spec) if algorithm == "im2col" else None
+    flipped = flipped_data_gradient(spec) if algorithm == "im2col" else None
     if flipped is not None:
         # weights (G*Og, Cg, *K) -> flipped kernel, (G*Cg, Og, *K): a transposing copy
         # (~1.3 ns an element, 3 ms for 512 x 512 x 3 x 3), run on every thread
