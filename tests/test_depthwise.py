@@ -153,6 +153,23 @@ def test_direct_is_chosen_and_half_types_round_once():
 
 
 @needs_numba
+def test_large_channel_multiplier_goes_to_a_gemm_lowering():
+    """One input channel per group but many outputs per group is a real GEMM (M = multiplier,
+    K = taps): the ISTFT shape (1 -> 1026 channels, 1024 taps, stride 256) must not go to
+    ``direct``; a multiplier at the limit still does."""
+    istft = make_spec("test", mb=1, ic=1, oc=1026, groups=1, src=(58112,), kernel=(1024,), strides=256)
+    for direction in dispatch.DIRECTIONS:
+        assert cg.choose_algorithm(istft, direction) in ("im2col", "taps")
+    m = dispatch.DIRECT_MAX_MULTIPLIER
+    at_limit = _spec(1, 8, m, (12, 11), (3, 2), (1, 1), (1, 1), (1, 0), (0, 1))
+    above = _spec(1, 8, m + 1, (12, 11), (3, 2), (1, 1), (1, 1), (1, 0), (0, 1))
+    assert at_limit.ocg == m and above.ocg == m + 1
+    for direction in dispatch.DIRECTIONS:
+        assert cg.choose_algorithm(at_limit, direction) == "direct"
+        assert cg.choose_algorithm(above, direction) in ("im2col", "taps")
+
+
+@needs_numba
 def test_direct_bitwise_across_threads_caps_and_layouts(variant):
     """Same bits with 1 or 2 threads, with a cap that forces one-channel chunks, and for
     strided / read-only / Fortran inputs (converted per chunk)."""
