@@ -18,7 +18,8 @@ to the reference kernel, which accumulates in int64), then a cost model,
   (one input channel per group, any channel multiplier, 1-3 spatial axes). It needs numba
   (extra ``convgrad[fast]``; ``CONVGRAD_NUMBA=0`` turns it off). There the GEMM lowerings
   degenerate into one element-wise NumPy multiply-add per tap, so when it is available it
-  is chosen for every depthwise problem before the cost model is asked (measured in-process
+  is chosen for depthwise problems with at most ``DIRECT_MAX_MULTIPLIER`` output channels
+  per group before the cost model is asked (measured in-process
   against ``taps`` on the nine mobilenet depthwise layers, 2 threads, a loaded machine:
   1.2-4x faster in forward and data gradients; weight gradients 1.1-2x faster except
   56x56 stride 2 and 28x28, which tie within the noise, 0.9-1.1x).
