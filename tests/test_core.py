@@ -3,7 +3,6 @@ differences, element types, shape edge cases, workspace tiling and determinism."
 
 from __future__ import annotations
 
-import itertools
 
 import ml_dtypes
 import numpy as np

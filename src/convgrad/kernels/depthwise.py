@@ -16,7 +16,7 @@ be imported or when the environment variable ``CONVGRAD_NUMBA`` is ``0``, and th
 dispatcher then keeps the NumPy lowerings.
 
 Work runs in chunks of whole input channels (with their ``M`` output channels) on
-convgrad's own thread pool (``gemm._POOL``; ``set_num_threads``, threadpoolctl limits and
+convgrad's own thread pool (``gemm.run_each``; ``set_num_threads``, threadpoolctl limits and
 the workspace cap apply as for the other kernels; no BLAS is called; small calls, and
 every call on one thread, are one chunk on the calling thread). Every output element is
 computed inside one block in a fixed order, so results are bitwise identical whatever the
@@ -28,7 +28,6 @@ time, which is the block's workspace.
 from __future__ import annotations
 
 import functools
-import itertools
 import math
 import os
 
@@ -37,7 +36,7 @@ import numpy as np
 from .. import threads
 from ..errors import WorkspaceError
 from ..spec import ConvSpec
-from .gemm import _POOL, geometry
+from .gemm import geometry, run_each
 
 # Below this many multiply-adds a call runs on the calling thread alone: waking a pool
 # thread costs 0.1-0.2 ms on the 2-core development VM, about 0.5M multiply-adds.
@@ -160,29 +159,6 @@ def _scratch(spec: ConvSpec, direction: str, itemsize: int) -> int:
     return int(elems) * itemsize + 1024
 
 
-def _run(work, blocks: list[tuple[int, int]], workers: int) -> None:
-    """``work`` over the chunks on the calling thread and ``workers - 1`` pool threads, each
-    taking the next chunk when it is free (one chunk per thread in flight)."""
-    if workers <= 1:
-        for b in blocks:
-            work(b)
-        return
-    taken = itertools.count()                # next() on a count is atomic under the GIL
-
-    def loop() -> None:
-        for i in iter(lambda: next(taken), None):
-            if i >= len(blocks):
-                return
-            work(blocks[i])
-    pool = _POOL.get(workers - 1)
-    futures = [pool.submit(loop) for _ in range(workers - 1)]
-    try:
-        loop()
-    finally:
-        for f in futures:
-            f.result()
-
-
 def _macs_per_channel(spec: ConvSpec) -> int:
     return spec.mb * spec.ocg * math.prod(spec.dst) * math.prod(spec.kernel)
 
@@ -234,7 +210,7 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
     def work(b):
         x, xc0 = get_x(*b)
         (jit.forward_cl if cl else jit.forward)(x, xc0, w, dst, 0, b[0], b[1], geo)
-    _run(work, blocks, workers)
+    run_each(work, blocks, workers)
     return dst.reshape(spec.dst_shape)
 
 
@@ -255,7 +231,7 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     def work(b):
         dy, dyc0 = get_dy(*b)
         (jit.backward_data_cl if cl else jit.backward_data)(dy, dyc0, w, dsrc, 0, b[0], b[1], geo)
-    _run(work, blocks, workers)
+    run_each(work, blocks, workers)
     return dsrc.reshape(spec.src_shape)
 
 
@@ -278,5 +254,5 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
         x, xc0 = get_x(*b)
         dy, dyc0 = get_dy(*b)
         (jit.backward_weights_cl if cl else jit.backward_weights)(x, xc0, dy, dyc0, dw, b[0], b[1], geo)
-    _run(work, blocks, workers)
+    run_each(work, blocks, workers)
     return dw.reshape(spec.weights_shape)

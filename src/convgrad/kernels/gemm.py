@@ -306,23 +306,6 @@ def _phase_slices(spec: ConvSpec, r: tuple[int, ...], q_lo: tuple[int, ...], q_h
     return tuple(grid), tuple(src)
 
 
-def _tap_window(spec: ConvSpec, tap: tuple[int, ...], y_lo: tuple[int, ...], y_hi: tuple[int, ...]):
-    """Outputs ``y`` in [y_lo, y_hi) whose tap ``tap`` reads a real input element:
-    (column slices relative to y_lo, src slices) or None. Input index = y*s + k*d - pb."""
-    cols, src = [], []
-    for j in range(spec.nsp):
-        s, pb, size = spec.strides[j], spec.pads_begin[j], spec.src[j]
-        kd = tap[j] * spec.dilations[j]
-        lo = max(y_lo[j], -((pb - kd) // -s) if pb > kd else 0)
-        hi = min(y_hi[j], (size - 1 + pb - kd) // s + 1)
-        if hi <= lo:
-            return None
-        i0 = lo * s + kd - pb
-        cols.append(slice(lo - y_lo[j], hi - y_lo[j]))
-        src.append(slice(i0, i0 + (hi - lo - 1) * s + 1, s))
-    return tuple(cols), tuple(src)
-
-
 def _zero_outside(arr: np.ndarray, first_axis: int, box: tuple[slice, ...]) -> None:
     """Zero every element of ``arr`` outside ``box`` (slices of the axes from ``first_axis``)."""
     for j, sl in enumerate(box):
@@ -658,6 +641,32 @@ def _ignore(_result) -> None:
     return None
 
 
+def run_each(work, blocks: list, workers: int) -> None:
+    """``work(b)`` for every block, for blocks that write their own part of the result: the
+    calling thread and up to ``workers - 1`` pool threads each take the next block as soon
+    as they are free, so none waits for a slower one."""
+    if workers <= 1 or len(blocks) <= 1:
+        for b in blocks:
+            work(b)
+        return
+    it = iter(blocks)
+    lock = threading.Lock()
+
+    def loop() -> None:
+        while True:
+            with lock:
+                b = next(it, None)
+            if b is None:
+                return
+            work(b)
+    helpers = [_POOL.get(workers - 1).submit(loop) for _ in range(min(workers, len(blocks)) - 1)]
+    try:
+        loop()
+    finally:
+        for f in helpers:
+            f.result()
+
+
 def _in_order(work, blocks: list, workers: int, consume) -> None:
     """``consume(work(b))`` for the blocks in block order, ``work`` running on up to
     ``workers`` threads; at most ``workers`` block results are alive at any time."""
@@ -666,24 +675,7 @@ def _in_order(work, blocks: list, workers: int, consume) -> None:
             consume(work(b))
         return
     if consume is _ignore:
-        # Blocks that write their own part of the result: every thread (the caller too)
-        # takes the next block as soon as it is free, so none waits for a slower one.
-        it = iter(blocks)
-        lock = threading.Lock()
-
-        def loop() -> None:
-            while True:
-                with lock:
-                    b = next(it, None)
-                if b is None:
-                    return
-                work(b)
-        helpers = [_POOL.get(workers - 1).submit(loop) for _ in range(min(workers, len(blocks)) - 1)]
-        try:
-            loop()
-        finally:
-            for f in helpers:
-                f.result()
+        run_each(work, blocks, workers)
         return
     pool = _POOL.get(workers)
     it = iter(blocks)
