@@ -458,7 +458,6 @@ def _read_tensorflow(op: str, attrs: Mapping, shapes: Mapping) -> Reading:
     fmts = ("nhwc", "nchw") if nsp == 2 else ("ndhwc", "ncdhw")
     fmt = _string(op, attrs, "data_format", fmts[0], fmts)
     cl = fmt.endswith("c")
-    layout = "NXC" if cl else "NCX"
     spatial = list(range(1, 1 + nsp)) if cl else list(range(2, 2 + nsp))
     bc = [0, rank - 1] if cl else [0, 1]
     def four(name: str, default_one: bool) -> tuple[int, ...]:
