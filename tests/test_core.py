@@ -665,3 +665,38 @@ def test_latent_data_gradient_scatters_instead_of_flipping():
             runs.append(cg.conv_backward_data(dy, w, spec.src, algorithm="im2col", **_kw(spec)))
     assert rel_err(runs[0], want) <= 1e-5
     np.testing.assert_array_equal(runs[0], runs[1])
+
+
+def test_col2im_scatter_layouts_match_reference(monkeypatch):
+    """The col2im data gradient scatters channel-last (many channels, small outputs) or
+    through stride-phase grids (few channels): both exact against the float64 reference
+    over every output-size remainder, non-square kernels, C_in != C_out, groups, and
+    bitwise identical across thread counts and workspace caps."""
+    import threadpoolctl
+    from convgrad.kernels import gemm
+    monkeypatch.setattr(dispatch, "ROWS_TARGET", 64)           # several blocks (slabs) per call
+    rng = np.random.default_rng(91)
+    cases = []
+    for extra in range(3):                                      # every (i + pads - ek) % s
+        cases += [_spec(2, 24, 7, 1, (9 + extra, 8), (3, 2), (2, 2), (1, 1), (1, 0), (0, 1)),        # channels
+                  _spec(1, 40, 6, 2, (5 + extra, 6, 4), (2, 3, 2), (2, 1, 2), (1, 1, 1), (0, 1, 1), (1, 0, 0)),
+                  _spec(3, 3, 5, 1, (17 + extra, 12), (4, 3), (3, 2), (1, 2), (2, 1), (1, 0)),         # phases
+                  _spec(2, 2, 7, 1, (11 + extra,), (5,), (2,), (2,), (3,), (0,)),
+                  _spec(2, 2, 6, 1, (9 + extra, 7), (3, 2), (1, 1), (1, 1), (0, 0), (0, 0))]          # stride 1
+    seen = set()
+    for spec in cases:
+        assert gemm.flipped_data_gradient(spec) is None
+        for b in gemm._plan(gemm.geometry(spec), "bwd_data", "im2col", np.float32, 1 << 30, 64)[0]:
+            seen.add(gemm._scatter_layout(spec, b))
+        dy = rng.standard_normal(spec.dst_shape)
+        w = rng.standard_normal(spec.weights_shape)
+        got = cg.conv_backward_data(dy, w, spec.src, algorithm="im2col", **_kw(spec))
+        assert rel_err(got, ref.conv_backward_data(spec, dy, w)) <= 1e-12, str(spec)
+        dy32, w32 = dy.astype(np.float32), w.astype(np.float32)
+        runs = []
+        for n, cap in ((1, 1 << 30), (2, 1 << 30), (2, 1 << 20), (1, 256 << 10)):
+            with threadpoolctl.threadpool_limits(n, user_api="blas"), cg.workspace_limit(cap):
+                runs.append(cg.conv_backward_data(dy32, w32, spec.src, algorithm="im2col", **_kw(spec)))
+        for other in runs[1:]:
+            np.testing.assert_array_equal(runs[0], other, err_msg=str(spec))
+    assert seen >= {"channels", "phases"}

@@ -46,9 +46,15 @@ padding), so with ``cols[(k, c), y]``:
     bwd_weights  dW = dY @ cols^T                                         (K = rows)
     bwd_data     Z  = W_cols^T @ dY;  dsrc[window(k)] += Z[k]  (col2im)   (M = taps * Cg)
 
+The scatter adds one tap at a time along contiguous memory (``_scatter_layout``): along
+the channels of a channel-last block when there are many (Z stored rows-major, taps
+outside the channels), else along output rows, into one grid per stride phase (tap ``k``
+lands in phase ``k*d mod s`` at a shift of ``k*d // s`` cells, as in ``taps``), copied into
+the strided positions once at the end.
+
 With stride 1 the data gradient is itself a forward correlation of ``dY`` with the
 flipped kernel (``flipped_spec``), so ``im2col`` runs it as a forward im2col: no scatter
-(``flipped_data_gradient``: unless that column matrix is many times larger than Z).
+(``flipped_data_gradient``: unless that column matrix is larger than Z).
 
 Work runs in *blocks* (several whole images, or a slab of rows of one image) planned
 from the problem alone, balanced (equal image counts, slabs within one row of each
@@ -247,6 +253,10 @@ def workspace_bytes(geom: PhaseGeometry, direction: str, algorithm: str, b: Bloc
             elems = padded + cols + o * rows + 2 * weights
         else:                                     # + the block's result rows, weight layouts
             elems = padded + cols + 2 * o * rows + 2 * weights
+        if direction == "bwd_data" and any(st > 1 for st in spec.strides):   # phase grids
+            dst_b = (b.r1 - b.r0,) + spec.dst[1:]
+            q = [n + (k - 1) * d // st for n, k, d, st in zip(dst_b, spec.kernel, spec.dilations, spec.strides)]
+            elems += len(geom.phases) * b.nb * c * int(np.prod(q, dtype=np.int64))
     else:
         rows = b.nb * _grid_rows(geom, b) * geom.row_len
         if direction == "fwd":
@@ -492,6 +502,93 @@ def _col2im(spec: ConvSpec, z: np.ndarray, padded: np.ndarray) -> None:
         view = np.lib.stride_tricks.as_strided(base, tuple(shape + yshape + kshape),
                                                tuple(strides + ystrides + kstrides), writeable=True)
         view += part
+
+
+def _scatter_layout(spec: ConvSpec, b: Block) -> str:
+    """How a block of the col2im data gradient lays out Z and scatters it (pure).
+
+    * ``rows``: huge kernels on tiny outputs (``_rows_major``), Z rows-major, ``_col2im``.
+    * ``classes``: some axis loops over window classes (kernels far longer than the
+      stride, ``_col2im``), Z K-major.
+    * ``channels``: more input channels per group than the block's innermost output axis
+      (deep layers, small images), Z rows-major with the taps outermost, scattered
+      channel-last by ``_col2im_channels_last``: each add runs along the channels.
+    * ``phases``: otherwise, Z K-major, scattered by ``_col2im_phases`` along the output
+      rows (stride-phase grids, so the adds are unit-stride even with strides).
+
+    Measured (one thread, adds only): 3d_unet conv_7 (256 channels, 5x6x6 outputs, 27
+    taps) 4.8 ms channel-major, 0.7 ms channel-last; resnet_50 conv1 (3 channels, 4 x
+    112x112 outputs, 7x7 stride 2) 8.1 ms strided, 4.5 ms on phase grids; 64 channels on
+    2 x 56x56 outputs 2.1 ms channel-major, 3.3 ms channel-last.
+    """
+    if _rows_major(spec, b):
+        return "rows"
+    dst_b = (b.r1 - b.r0,) + spec.dst[1:]
+    for j in range(spec.nsp):
+        s, d, k = spec.strides[j], spec.dilations[j], spec.kernel[j]
+        if 4 * min(-(-(d * (k - 1) + 1) // s), dst_b[j]) <= k:
+            return "classes"
+    return "channels" if spec.icg >= 4 * dst_b[-1] else "phases"
+
+
+def _tap_windows(spec: ConvSpec, dst_b: tuple[int, ...]):
+    """Per tap (row-major over the kernel): the slices of a padded block it writes,
+    positions ``y*s + k*d`` for the block's outputs ``y``."""
+    for kk in itertools.product(*(range(k) for k in spec.kernel)):
+        yield tuple(slice(i * d, i * d + (n - 1) * s + 1, s)
+                    for i, d, s, n in zip(kk, spec.dilations, spec.strides, dst_b))
+
+
+def _col2im_channels_last(spec: ConvSpec, z: np.ndarray, padded: np.ndarray) -> None:
+    """``padded[n, window(y, k), c] += z[n, y, k, c]``, channel-last.
+
+    z: (nb, *dst_block, G, T, Cg), taps row-major; padded: (nb, *_padded_rows, G, Cg)
+    (zeroed). One add per tap over a (nb, *dst_block, G, Cg) view whose innermost axis
+    is the channels, contiguous on both sides, whatever the strides.
+    """
+    dst_b = z.shape[1:1 + spec.nsp]
+    for i, win in enumerate(_tap_windows(spec, dst_b)):
+        padded[(slice(None),) + win] += z[..., i, :]
+
+
+def _col2im_phases(spec: ConvSpec, z: np.ndarray, padded: np.ndarray) -> None:
+    """``padded[window(y, k)] += z[k, y]`` through stride-phase grids (same adds, same order
+    per element as ``_col2im``'s tap loop, so the same rounding).
+
+    z: (G, Cg, *kernel, nb, *dst_block); padded: (nb, C, *_padded_rows) (zeroed). Tap
+    ``k`` writes padded position ``y*s + k*d = (y + sh)*s + r`` with ``k*d = sh*s + r``:
+    cell ``y + sh`` of phase ``r``. So every tap is a unit-stride shifted add into the
+    grid of its phase (``Q = dst_block + (k - 1)*d // s`` cells per axis, zeroed), and each
+    phase is then copied into the padded block once, ``padded[r::s] = grid_r``: the
+    strided writes happen once per element instead of once per tap. With stride 1 the
+    one phase grid is the padded block itself.
+    """
+    nsp, g, cg = spec.nsp, spec.groups, spec.icg
+    nb = padded.shape[0]
+    ext = padded.shape[2:]
+    dst_b = z.shape[3 + nsp:]
+    view = padded.reshape((nb, g, cg) + ext)
+    if all(s == 1 for s in spec.strides):
+        grids = None
+    else:
+        q = tuple(n + (k - 1) * d // s for n, k, d, s in zip(dst_b, spec.kernel, spec.dilations, spec.strides))
+        grids = {}
+    order = (2, 0, 1) + tuple(range(3, 3 + nsp))
+    for kk in itertools.product(*(range(k) for k in spec.kernel)):
+        part = z[(slice(None), slice(None)) + kk].transpose(order)              # (nb, G, Cg, *dst_b)
+        if grids is None:
+            win = tuple(slice(a * d, a * d + n) for a, d, n in zip(kk, spec.dilations, dst_b))
+            view[(slice(None),) * 3 + win] += part
+            continue
+        r = tuple(a * d % s for a, d, s in zip(kk, spec.dilations, spec.strides))
+        if r not in grids:
+            grids[r] = np.zeros((nb, g, cg) + q, dtype=padded.dtype)
+        sh = tuple(a * d // s for a, d, s in zip(kk, spec.dilations, spec.strides))
+        grids[r][(slice(None),) * 3 + tuple(slice(h, h + n) for h, n in zip(sh, dst_b))] += part
+    for r, grid in (grids or {}).items():
+        cells = tuple(min(qq, -(-(e - rr) // s)) for qq, e, rr, s in zip(q, ext, r, spec.strides))
+        out = tuple(slice(rr, rr + (c - 1) * s + 1, s) for rr, c, s in zip(r, cells, spec.strides))
+        view[(slice(None),) * 3 + out] = grid[(slice(None),) * 3 + tuple(slice(0, c) for c in cells)]
 
 
 def _rows_in_place(geom: PhaseGeometry, a: np.ndarray, b: Block, first: int, rows0: int, grid: tuple[int, ...],
@@ -946,9 +1043,15 @@ def flipped_spec(spec: ConvSpec) -> ConvSpec | None:
 
 # The flipped forward gathers T * C_out columns per *input* position, col2im's Z holds
 # T * C_in per *output* position. Flipping saves the scatter, but not when its column
-# matrix is many times larger: a 28^3 kernel on a 1x1x1 output (a transposed convolution
-# from a latent) made it 21952 times larger (1.1 GB, over the cap) where Z is 1.4M elements.
-FLIP_MAX_RATIO = 4
+# matrix is larger: a 28^3 kernel on a 1x1x1 output (a transposed convolution from a
+# latent) made it 21952 times larger (1.1 GB, over the cap) where Z is 1.4M elements.
+# Unpadded 3-D layers are milder: the flipped forward also multiplies (src / dst) times
+# the flops, on the zero border of diff_dst. Since the scatter runs along contiguous rows
+# or channels (``_scatter_layout``), col2im wins from a ratio of about 2 (measured, 2
+# threads, 3d_unet data gradients, flipped / col2im: conv_4, ratio 3.3, 13.0 / 7.8 ms;
+# conv_5, 1.8, 11.2 / 8.0; conv_7, 2.5, 15.5 / 8.8-12.6; conv_3, 1.45, a tie; resnet_50
+# 3x3 layers, ratio 1: flipping ties or wins by up to 1.3x).
+FLIP_MAX_RATIO = 1.5
 
 
 def flipped_data_gradient(spec: ConvSpec) -> ConvSpec | None:
@@ -981,6 +1084,13 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
         # (G, Cg*T, Og) as the transpose of the weights' own (G, Og, Cg*T) layout: BLAS reads
         # it in place (transposing a 512 x 4608 weight matrix cost ~3 ms, a third of a call).
         w_cols = _weights(spec, weights, (0, 1, 2, 3), dtype).reshape(g, og, cg * t).swapaxes(1, 2)
+        layouts = {b: _scatter_layout(spec, b) for b in blocks}
+        w_tc = None
+        if "channels" in layouts.values():
+            # (G, Og, T, Cg): a transposing copy (taps outside the channels), on every thread
+            w_tc = np.empty((g, og, t, cg), dtype=dtype)
+            _parallel_copy(w_tc, weights.reshape(g, og, cg, t).swapaxes(2, 3), axis=1)
+            w_tc = w_tc.reshape(g, og, t * cg)
 
         def work(b: Block):
             dy = _dst_rows(spec, diff_dst, b, dtype)
@@ -988,7 +1098,15 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
             dy = dy.reshape(g, og, rows)
             block_dst = (b.nb, b.r1 - b.r0) + spec.dst[1:]
             nsp = spec.nsp
-            if _rows_major(spec, b):                   # Z^T = dY^T @ W_cols^T, stored (rows, G, Cg*T)
+            layout = layouts[b]
+            if layout == "channels":                   # Z^T = dY^T @ W_tc, stored (rows, G, T*Cg)
+                z = np.empty((rows, g, t * cg), dtype=dtype)
+                matmul_into(dy.swapaxes(1, 2), w_tc, z.transpose(1, 0, 2), False)
+                padded = np.zeros((b.nb,) + _padded_rows(spec, b) + (spec.ic,), dtype=dtype)
+                _col2im_channels_last(spec, z.reshape(block_dst + (g, t, cg)),
+                                      padded.reshape(padded.shape[:-1] + (g, cg)))
+                return b, np.moveaxis(padded, -1, 1)   # (nb, C, *padded rows) view
+            if layout == "rows":                       # Z^T = dY^T @ W_cols^T, stored (rows, G, Cg*T)
                 z = np.empty((rows, g, cg * t), dtype=dtype)
                 matmul_into(dy.swapaxes(1, 2), w_cols.swapaxes(1, 2), z.transpose(1, 0, 2), False)
                 z = z.reshape(block_dst + (g, cg) + spec.kernel)
@@ -998,7 +1116,7 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
                 matmul_into(w_cols, dy, z, False)
                 z = z.reshape((g, cg) + spec.kernel + block_dst)
             padded = np.zeros((b.nb, spec.ic) + _padded_rows(spec, b), dtype=dtype)
-            _col2im(spec, z, padded)
+            (_col2im_phases if layout == "phases" else _col2im)(spec, z, padded)
             return b, padded
 
         product = (cg * t, _block_rows(geom, algorithm, blocks), og)
