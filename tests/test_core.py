@@ -700,3 +700,24 @@ def test_col2im_scatter_layouts_match_reference(monkeypatch):
         for other in runs[1:]:
             np.testing.assert_array_equal(runs[0], other, err_msg=str(spec))
     assert seen >= {"channels", "phases"}
+
+
+def test_spec_cache_never_skips_validation():
+    """make_spec remembers validated plain-int specs; values that compare equal to a cached
+    key (True == 1, a float 1.0, a NumPy integer) still go through the checks."""
+    from convgrad import spec as spec_mod
+    x = np.ones((1, 2, 5, 4), np.float32)
+    w = np.ones((3, 2, 2, 3), np.float32)
+    a = cg.conv_forward(x, w, strides=1, pads_begin=[1, 0])
+    key_spec = make_spec("t", mb=1, ic=2, oc=3, groups=1, src=(5, 4), kernel=(2, 3), strides=1,
+                         pads_begin=[1, 0], pads_end=0)
+    assert make_spec("t", mb=1, ic=2, oc=3, groups=1, src=(5, 4), kernel=(2, 3), strides=1,
+                     pads_begin=(1, 0), pads_end=0) is key_spec
+    with pytest.raises(TypeError, match="strides"):
+        cg.conv_forward(x, w, strides=True, pads_begin=[1, 0])
+    with pytest.raises(TypeError, match="strides"):
+        cg.conv_forward(x, w, strides=1.0, pads_begin=[1, 0])
+    with pytest.raises(TypeError, match="groups"):
+        cg.conv_forward(x, w, groups=True, pads_begin=[1, 0])
+    np.testing.assert_array_equal(cg.conv_forward(x, w, strides=np.int64(1), pads_begin=[1, 0]), a)
+    assert len(spec_mod._SPECS) <= spec_mod._SPECS_MAX

@@ -660,7 +660,7 @@ def _weights(spec: ConvSpec, weights: np.ndarray, order: tuple[int, ...], dtype)
     With one tap and the compute type already, a permuted *view* (every (Og, Cg) matrix
     is then row- or column-major, which BLAS reads in place: transposing a 2048 x 1024
     matrix cost more than the product); otherwise a contiguous copy."""
-    t = int(np.prod(spec.kernel))
+    t = math.prod(spec.kernel)
     w = weights.reshape(spec.groups, spec.ocg, spec.icg, t)
     if t == 1 and w.dtype == dtype and weights.flags.c_contiguous:
         return w.transpose(order)
