@@ -624,8 +624,9 @@ def test_blocks_run_on_every_thread_and_errors_propagate():
 
 
 def test_flipped_weights_copied_in_pieces(monkeypatch):
-    """The stride-1 im2col data gradient flips and transposes the weights in pieces on the
-    thread pool (large weights): same result, grouped or not, on 1 and 2 threads."""
+    """The stride-1 im2col data gradient transposes the weights (whole kernels) in pieces on
+    the thread pool (large weights) and reads the windows reversed: same result, grouped or
+    not, on 1 and 2 threads, for non-contiguous and converted weights."""
     import threadpoolctl
     from convgrad.kernels import gemm
     monkeypatch.setattr(gemm, "PARALLEL_COPY", 1)
@@ -639,6 +640,13 @@ def test_flipped_weights_copied_in_pieces(monkeypatch):
             with threadpoolctl.threadpool_limits(n, user_api="blas"):
                 got = cg.conv_backward_data(dy, w, spec.src, algorithm="im2col", **_kw(spec))
             assert rel_err(got, want) <= 1e-12
+        # weights not C-contiguous, and in a type that is converted first
+        got = cg.conv_backward_data(dy, np.asfortranarray(w), spec.src, algorithm="im2col", **_kw(spec))
+        assert rel_err(got, want) <= 1e-12
+        h_dy, h_w = dy.astype(np.float16), w.astype(np.float16)
+        got = cg.conv_backward_data(h_dy, h_w, spec.src, algorithm="im2col", **_kw(spec))
+        h_want = ref.conv_backward_data(spec, h_dy.astype(np.float64), h_w.astype(np.float64))
+        assert got.dtype == np.float16 and rel_err(got, h_want) <= 1e-2
 
 
 def test_latent_data_gradient_scatters_instead_of_flipping():
