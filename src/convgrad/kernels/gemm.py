@@ -513,9 +513,10 @@ def _scatter_layout(spec: ConvSpec, b: Block) -> str:
     * ``rows``: huge kernels on tiny outputs (``_rows_major``), Z rows-major, ``_col2im``.
     * ``classes``: some axis loops over window classes (kernels far longer than the
       stride, ``_col2im``), Z K-major.
-    * ``channels``: more input channels per group than the block's innermost output axis
-      (deep layers, small images), Z rows-major with the taps outermost, scattered
-      channel-last by ``_col2im_channels_last``: each add runs along the channels.
+    * ``channels``: at least 4x more input channels per group than the block's innermost
+      output axis (deep layers, small images), and not far more output channels than
+      output positions, Z rows-major with the taps outermost, scattered channel-last by
+      ``_col2im_channels_last``: each add runs along the channels.
     * ``phases``: otherwise, Z K-major, scattered by ``_col2im_phases`` along the output
       rows (stride-phase grids, so the adds are unit-stride even with strides).
 
@@ -531,7 +532,12 @@ def _scatter_layout(spec: ConvSpec, b: Block) -> str:
         s, d, k = spec.strides[j], spec.dilations[j], spec.kernel[j]
         if 4 * min(-(-(d * (k - 1) + 1) // s), dst_b[j]) <= k:
             return "classes"
-    return "channels" if spec.icg >= 4 * dst_b[-1] else "phases"
+    # Channel-last needs the weights in (T, Cg) order: a copy that costs about what the
+    # scatter saves once the weights outgrow twice Z (3d_unet conv_8, 100 output positions,
+    # 512 output channels: 8.5 ms channel-last, 7.6 on phase grids).
+    if spec.icg >= 4 * dst_b[-1] and 2 * spec.mb * math.prod(spec.dst) >= spec.ocg:
+        return "channels"
+    return "phases"
 
 
 def _tap_windows(spec: ConvSpec, dst_b: tuple[int, ...]):
