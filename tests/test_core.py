@@ -624,8 +624,9 @@ def test_blocks_run_on_every_thread_and_errors_propagate():
 
 
 def test_flipped_weights_copied_in_pieces(monkeypatch):
-    """The stride-1 im2col data gradient flips and transposes the weights in pieces on the
-    thread pool (large weights): same result, grouped or not, on 1 and 2 threads."""
+    """The stride-1 im2col data gradient transposes the weights (whole kernels) in pieces on
+    the thread pool (large weights) and reads the windows reversed: same result, grouped or
+    not, on 1 and 2 threads, for non-contiguous and converted weights."""
     import threadpoolctl
     from convgrad.kernels import gemm
     monkeypatch.setattr(gemm, "PARALLEL_COPY", 1)
@@ -639,6 +640,13 @@ def test_flipped_weights_copied_in_pieces(monkeypatch):
             with threadpoolctl.threadpool_limits(n, user_api="blas"):
                 got = cg.conv_backward_data(dy, w, spec.src, algorithm="im2col", **_kw(spec))
             assert rel_err(got, want) <= 1e-12
+        # weights not C-contiguous, and in a type that is converted first
+        got = cg.conv_backward_data(dy, np.asfortranarray(w), spec.src, algorithm="im2col", **_kw(spec))
+        assert rel_err(got, want) <= 1e-12
+        h_dy, h_w = dy.astype(np.float16), w.astype(np.float16)
+        got = cg.conv_backward_data(h_dy, h_w, spec.src, algorithm="im2col", **_kw(spec))
+        h_want = ref.conv_backward_data(spec, h_dy.astype(np.float64), h_w.astype(np.float64))
+        assert got.dtype == np.float16 and rel_err(got, h_want) <= 1e-2
 
 
 def test_latent_data_gradient_scatters_instead_of_flipping():
@@ -665,3 +673,59 @@ def test_latent_data_gradient_scatters_instead_of_flipping():
             runs.append(cg.conv_backward_data(dy, w, spec.src, algorithm="im2col", **_kw(spec)))
     assert rel_err(runs[0], want) <= 1e-5
     np.testing.assert_array_equal(runs[0], runs[1])
+
+
+def test_col2im_scatter_layouts_match_reference(monkeypatch):
+    """The col2im data gradient scatters channel-last (many channels, small outputs) or
+    through stride-phase grids (few channels): both exact against the float64 reference
+    over every output-size remainder, non-square kernels, C_in != C_out, groups, and
+    bitwise identical across thread counts and workspace caps."""
+    import threadpoolctl
+    from convgrad.kernels import gemm
+    monkeypatch.setattr(dispatch, "ROWS_TARGET", 64)           # several blocks (slabs) per call
+    rng = np.random.default_rng(91)
+    cases = []
+    for extra in range(3):                                      # every (i + pads - ek) % s
+        cases += [_spec(2, 24, 7, 1, (9 + extra, 8), (3, 2), (2, 2), (1, 1), (1, 0), (0, 1)),        # channels
+                  _spec(1, 40, 6, 2, (5 + extra, 6, 4), (2, 3, 2), (2, 1, 2), (1, 1, 1), (0, 1, 1), (1, 0, 0)),
+                  _spec(3, 3, 5, 1, (17 + extra, 12), (4, 3), (3, 2), (1, 2), (2, 1), (1, 0)),         # phases
+                  _spec(2, 2, 7, 1, (11 + extra,), (5,), (2,), (2,), (3,), (0,)),
+                  _spec(2, 2, 6, 1, (9 + extra, 7), (3, 2), (1, 1), (1, 1), (0, 0), (0, 0))]          # stride 1
+    seen = set()
+    for spec in cases:
+        assert gemm.flipped_data_gradient(spec) is None
+        for b in gemm._plan(gemm.geometry(spec), "bwd_data", "im2col", np.float32, 1 << 30, 64)[0]:
+            seen.add(gemm._scatter_layout(spec, b))
+        dy = rng.standard_normal(spec.dst_shape)
+        w = rng.standard_normal(spec.weights_shape)
+        got = cg.conv_backward_data(dy, w, spec.src, algorithm="im2col", **_kw(spec))
+        assert rel_err(got, ref.conv_backward_data(spec, dy, w)) <= 1e-12, str(spec)
+        dy32, w32 = dy.astype(np.float32), w.astype(np.float32)
+        runs = []
+        for n, cap in ((1, 1 << 30), (2, 1 << 30), (2, 1 << 20), (1, 256 << 10)):
+            with threadpoolctl.threadpool_limits(n, user_api="blas"), cg.workspace_limit(cap):
+                runs.append(cg.conv_backward_data(dy32, w32, spec.src, algorithm="im2col", **_kw(spec)))
+        for other in runs[1:]:
+            np.testing.assert_array_equal(runs[0], other, err_msg=str(spec))
+    assert seen >= {"channels", "phases"}
+
+
+def test_spec_cache_never_skips_validation():
+    """make_spec remembers validated plain-int specs; values that compare equal to a cached
+    key (True == 1, a float 1.0, a NumPy integer) still go through the checks."""
+    from convgrad import spec as spec_mod
+    x = np.ones((1, 2, 5, 4), np.float32)
+    w = np.ones((3, 2, 2, 3), np.float32)
+    a = cg.conv_forward(x, w, strides=1, pads_begin=[1, 0])
+    key_spec = make_spec("t", mb=1, ic=2, oc=3, groups=1, src=(5, 4), kernel=(2, 3), strides=1,
+                         pads_begin=[1, 0], pads_end=0)
+    assert make_spec("t", mb=1, ic=2, oc=3, groups=1, src=(5, 4), kernel=(2, 3), strides=1,
+                     pads_begin=(1, 0), pads_end=0) is key_spec
+    with pytest.raises(TypeError, match="strides"):
+        cg.conv_forward(x, w, strides=True, pads_begin=[1, 0])
+    with pytest.raises(TypeError, match="strides"):
+        cg.conv_forward(x, w, strides=1.0, pads_begin=[1, 0])
+    with pytest.raises(TypeError, match="groups"):
+        cg.conv_forward(x, w, groups=True, pads_begin=[1, 0])
+    np.testing.assert_array_equal(cg.conv_forward(x, w, strides=np.int64(1), pads_begin=[1, 0]), a)
+    assert len(spec_mod._SPECS) <= spec_mod._SPECS_MAX

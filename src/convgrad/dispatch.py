@@ -11,9 +11,14 @@ to the reference kernel, which accumulates in int64), then a cost model,
 * ``im2col`` copies the exact column matrix (``taps x channels`` per output position) and
   runs one GEMM with a long reduction. It wins on small images (the halo would waste a
   large share of the flops) and on few channels (a per-tap GEMM of 3 channels is thin).
-  Its data gradient scatters the columns back (col2im), except with stride 1, where it
-  runs as the forward im2col of ``diff_dst`` with the flipped kernel (unless that column
-  matrix is many times larger: kernels far larger than the output).
+  Its data gradient scatters the columns back (col2im, along contiguous rows or channels,
+  ~1 ns an element), except with stride 1, where it runs as the forward im2col of
+  ``diff_dst`` with the flipped kernel (unless that column matrix is over
+  ``FLIP_MAX_RATIO`` times larger: kernels larger than the output, unpadded 3-D layers).
+  Measured (2 threads, ms, taps / im2col after the faster scatter): resnet_50 conv1 (7x7
+  stride 2, 3 channels) 40-65 / 22-24; mobilenet conv1 (3x3 stride 2, 3 channels) 60 / 40;
+  3d_unet conv_4 8.8 / 7.8, conv_7 17.8 / 8.8-12.6, but conv_2 (32 -> 64 channels, 20^3)
+  10 / 12, which ``COL2IM_SECONDS`` keeps on ``taps``.
 * ``direct`` (``kernels/depthwise.py``) is a compiled loop nest for depthwise problems
   (one input channel per group, any channel multiplier, 1-3 spatial axes). It needs numba
   (extra ``convgrad[fast]``; ``CONVGRAD_NUMBA=0`` turns it off). There the GEMM lowerings
@@ -91,7 +96,7 @@ PEAK_FLOPS = 90e9
 RATE_KNEE = 10.0            # rate = peak / (1 + knee/m + knee/n + knee/k)
 COPY_SECONDS = 0.4e-9       # per element copied along long rows (grids, crops)
 COLS_SECONDS = 1.2e-9       # per element of a column matrix gathered (short rows, out of cache)
-COL2IM_SECONDS = 2.5e-9     # per element of a column matrix scatter-added
+COL2IM_SECONDS = 1.2e-9     # per element of a column matrix scatter-added (adds, zeroing, merge)
 ADD_SECONDS = 0.5e-9        # per element of an element-wise add or multiply-add
 CALL_SECONDS = 6e-6         # per NumPy/BLAS call inside a block
 DIRECT_SECONDS = 0.15e-9    # per multiply-add of the compiled depthwise loops

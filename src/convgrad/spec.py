@@ -22,6 +22,7 @@ Transposed ("backprop data") natural output size per axis, the inverse of the ab
 from __future__ import annotations
 
 import functools
+import math
 import numbers
 import operator
 from dataclasses import dataclass
@@ -141,8 +142,7 @@ class ConvSpec:
     @property
     def flops(self) -> int:
         """Multiply-adds x 2 of one direction (the same count for fwd, bwd_data, bwd_weights)."""
-        taps = int(np.prod(self.kernel, dtype=object))
-        return 2 * self.mb * self.oc * self.icg * taps * int(np.prod(self.dst, dtype=object))
+        return 2 * self.mb * self.oc * self.icg * math.prod(self.kernel) * math.prod(self.dst)
 
     def __str__(self) -> str:
         """A benchdnn-style problem descriptor (dilations counted from 0 as benchdnn does)."""
@@ -160,10 +160,48 @@ class ConvSpec:
         return out
 
 
+def _plain_key(value: object) -> object:
+    """``value`` as a cache key when it is a plain ``int`` or a tuple/list of plain ints
+    (what almost every caller passes), else None. Exact types only: ``True == 1`` and
+    ``np.int64(1) == 1`` hash alike but must still reach the validation."""
+    t = type(value)
+    if t is int:
+        return value
+    if (t is tuple or t is list) and all(type(v) is int for v in value):
+        return tuple(value)
+    return None
+
+
+# Specs already validated, keyed by their plain-int attributes (small calls repeat shapes;
+# validating them again cost ~25 us of a 120 us call). Only successes are stored.
+_SPECS: dict = {}
+_SPECS_MAX = 1024
+
+
 def make_spec(op: str, *, mb: int, ic: int, oc: int, groups: int, src: Sequence[int],
               kernel: Sequence[int], strides: object = 1, dilations: object = 1,
               pads_begin: object = 0, pads_end: object = 0) -> ConvSpec:
-    """Validate attributes against the shapes and build a ConvSpec (raises ConvError)."""
+    """Validate attributes against the shapes and build a ConvSpec (raises ConvError).
+
+    Plain-int attributes seen before return the spec built then (same validation outcome:
+    the checks depend on nothing else)."""
+    key = tuple(_plain_key(v) for v in (mb, ic, oc, groups, src, kernel, strides, dilations, pads_begin, pads_end))
+    if None not in key:
+        spec = _SPECS.get(key)
+        if spec is None:
+            spec = _make_spec(op, mb=mb, ic=ic, oc=oc, groups=groups, src=src, kernel=kernel, strides=strides,
+                              dilations=dilations, pads_begin=pads_begin, pads_end=pads_end)
+            if len(_SPECS) >= _SPECS_MAX:
+                _SPECS.clear()
+            _SPECS[key] = spec
+        return spec
+    return _make_spec(op, mb=mb, ic=ic, oc=oc, groups=groups, src=src, kernel=kernel, strides=strides,
+                      dilations=dilations, pads_begin=pads_begin, pads_end=pads_end)
+
+
+def _make_spec(op: str, *, mb: int, ic: int, oc: int, groups: int, src: Sequence[int],
+               kernel: Sequence[int], strides: object, dilations: object,
+               pads_begin: object, pads_end: object) -> ConvSpec:
     nsp = len(src)
     if nsp < 1:
         raise ConvValueError(f"{op}: data must have at least one spatial axis (rank >= 3), but got rank {nsp + 2}")

@@ -46,9 +46,15 @@ padding), so with ``cols[(k, c), y]``:
     bwd_weights  dW = dY @ cols^T                                         (K = rows)
     bwd_data     Z  = W_cols^T @ dY;  dsrc[window(k)] += Z[k]  (col2im)   (M = taps * Cg)
 
+The scatter adds one tap at a time along contiguous memory (``_scatter_layout``): along
+the channels of a channel-last block when there are many (Z stored rows-major, taps
+outside the channels), else along output rows, into one grid per stride phase (tap ``k``
+lands in phase ``k*d mod s`` at a shift of ``k*d // s`` cells, as in ``taps``), copied into
+the strided positions once at the end.
+
 With stride 1 the data gradient is itself a forward correlation of ``dY`` with the
 flipped kernel (``flipped_spec``), so ``im2col`` runs it as a forward im2col: no scatter
-(``flipped_data_gradient``: unless that column matrix is many times larger than Z).
+(``flipped_data_gradient``: unless that column matrix is larger than Z).
 
 Work runs in *blocks* (several whole images, or a slab of rows of one image) planned
 from the problem alone, balanced (equal image counts, slabs within one row of each
@@ -247,6 +253,10 @@ def workspace_bytes(geom: PhaseGeometry, direction: str, algorithm: str, b: Bloc
             elems = padded + cols + o * rows + 2 * weights
         else:                                     # + the block's result rows, weight layouts
             elems = padded + cols + 2 * o * rows + 2 * weights
+        if direction == "bwd_data" and any(st > 1 for st in spec.strides):   # phase grids
+            dst_b = (b.r1 - b.r0,) + spec.dst[1:]
+            q = [n + (k - 1) * d // st for n, k, d, st in zip(dst_b, spec.kernel, spec.dilations, spec.strides)]
+            elems += len(geom.phases) * b.nb * c * int(np.prod(q, dtype=np.int64))
     else:
         rows = b.nb * _grid_rows(geom, b) * geom.row_len
         if direction == "fwd":
@@ -405,9 +415,10 @@ def _rows_major(spec: ConvSpec, b: Block) -> bool:
     return spec.kernel[-1] > inner
 
 
-def _src_cols(spec: ConvSpec, src: np.ndarray, b: Block, dtype) -> np.ndarray:
+def _src_cols(spec: ConvSpec, src: np.ndarray, b: Block, dtype, reverse: bool = False) -> np.ndarray:
     """Exact column matrix of a block as a (G, Cg * T, rows) view: one copy of the padded
-    block's windows (sliding-window view), no loop over taps."""
+    block's windows (sliding-window view), no loop over taps. ``reverse``: every window
+    read back to front (tap ``j`` holds the element of tap ``K - 1 - j``)."""
     padded = np.empty((b.nb, spec.ic) + _padded_rows(spec, b), dtype=dtype)
     inside = _padded_box(spec, b)
     if inside is None:
@@ -416,6 +427,8 @@ def _src_cols(spec: ConvSpec, src: np.ndarray, b: Block, dtype) -> np.ndarray:
         _zero_outside(padded, 2, inside[0])
         padded[(slice(None), slice(None)) + inside[0]] = src[(slice(b.n0, b.n0 + b.nb), slice(None)) + inside[1]]
     win = _windows(spec, padded)                                  # (nb, C, *dst_b, *k)
+    if reverse:
+        win = win[(Ellipsis,) + (slice(None, None, -1),) * spec.nsp]
     win = win.reshape((b.nb, spec.groups, spec.icg) + win.shape[2:])
     nsp, g = spec.nsp, spec.groups
     rows = b.nb * int(np.prod(win.shape[3:3 + nsp]))
@@ -494,6 +507,99 @@ def _col2im(spec: ConvSpec, z: np.ndarray, padded: np.ndarray) -> None:
         view += part
 
 
+def _scatter_layout(spec: ConvSpec, b: Block) -> str:
+    """How a block of the col2im data gradient lays out Z and scatters it (pure).
+
+    * ``rows``: huge kernels on tiny outputs (``_rows_major``), Z rows-major, ``_col2im``.
+    * ``classes``: some axis loops over window classes (kernels far longer than the
+      stride, ``_col2im``), Z K-major.
+    * ``channels``: at least 4x more input channels per group than the block's innermost
+      output axis (deep layers, small images), and not far more output channels than
+      output positions, Z rows-major with the taps outermost, scattered channel-last by
+      ``_col2im_channels_last``: each add runs along the channels.
+    * ``phases``: otherwise, Z K-major, scattered by ``_col2im_phases`` along the output
+      rows (stride-phase grids, so the adds are unit-stride even with strides).
+
+    Measured (one thread, adds only): 3d_unet conv_7 (256 channels, 5x6x6 outputs, 27
+    taps) 4.8 ms channel-major, 0.7 ms channel-last; resnet_50 conv1 (3 channels, 4 x
+    112x112 outputs, 7x7 stride 2) 8.1 ms strided, 4.5 ms on phase grids; 64 channels on
+    2 x 56x56 outputs 2.1 ms channel-major, 3.3 ms channel-last.
+    """
+    if _rows_major(spec, b):
+        return "rows"
+    dst_b = (b.r1 - b.r0,) + spec.dst[1:]
+    for j in range(spec.nsp):
+        s, d, k = spec.strides[j], spec.dilations[j], spec.kernel[j]
+        if 4 * min(-(-(d * (k - 1) + 1) // s), dst_b[j]) <= k:
+            return "classes"
+    # Channel-last needs the weights in (T, Cg) order: a copy that costs about what the
+    # scatter saves once the weights outgrow twice Z (3d_unet conv_8, 100 output positions,
+    # 512 output channels: 8.5 ms channel-last, 7.6 on phase grids).
+    if spec.icg >= 4 * dst_b[-1] and 2 * spec.mb * math.prod(spec.dst) >= spec.ocg:
+        return "channels"
+    return "phases"
+
+
+def _tap_windows(spec: ConvSpec, dst_b: tuple[int, ...]):
+    """Per tap (row-major over the kernel): the slices of a padded block it writes,
+    positions ``y*s + k*d`` for the block's outputs ``y``."""
+    for kk in itertools.product(*(range(k) for k in spec.kernel)):
+        yield tuple(slice(i * d, i * d + (n - 1) * s + 1, s)
+                    for i, d, s, n in zip(kk, spec.dilations, spec.strides, dst_b))
+
+
+def _col2im_channels_last(spec: ConvSpec, z: np.ndarray, padded: np.ndarray) -> None:
+    """``padded[n, window(y, k), c] += z[n, y, k, c]``, channel-last.
+
+    z: (nb, *dst_block, G, T, Cg), taps row-major; padded: (nb, *_padded_rows, G, Cg)
+    (zeroed). One add per tap over a (nb, *dst_block, G, Cg) view whose innermost axis
+    is the channels, contiguous on both sides, whatever the strides.
+    """
+    dst_b = z.shape[1:1 + spec.nsp]
+    for i, win in enumerate(_tap_windows(spec, dst_b)):
+        padded[(slice(None),) + win] += z[..., i, :]
+
+
+def _col2im_phases(spec: ConvSpec, z: np.ndarray, padded: np.ndarray) -> None:
+    """``padded[window(y, k)] += z[k, y]`` through stride-phase grids (same adds, same order
+    per element as ``_col2im``'s tap loop, so the same rounding).
+
+    z: (G, Cg, *kernel, nb, *dst_block); padded: (nb, C, *_padded_rows) (zeroed). Tap
+    ``k`` writes padded position ``y*s + k*d = (y + sh)*s + r`` with ``k*d = sh*s + r``:
+    cell ``y + sh`` of phase ``r``. So every tap is a unit-stride shifted add into the
+    grid of its phase (``Q = dst_block + (k - 1)*d // s`` cells per axis, zeroed), and each
+    phase is then copied into the padded block once, ``padded[r::s] = grid_r``: the
+    strided writes happen once per element instead of once per tap. With stride 1 the
+    one phase grid is the padded block itself.
+    """
+    nsp, g, cg = spec.nsp, spec.groups, spec.icg
+    nb = padded.shape[0]
+    ext = padded.shape[2:]
+    dst_b = z.shape[3 + nsp:]
+    view = padded.reshape((nb, g, cg) + ext)
+    if all(s == 1 for s in spec.strides):
+        grids = None
+    else:
+        q = tuple(n + (k - 1) * d // s for n, k, d, s in zip(dst_b, spec.kernel, spec.dilations, spec.strides))
+        grids = {}
+    order = (2, 0, 1) + tuple(range(3, 3 + nsp))
+    for kk in itertools.product(*(range(k) for k in spec.kernel)):
+        part = z[(slice(None), slice(None)) + kk].transpose(order)              # (nb, G, Cg, *dst_b)
+        if grids is None:
+            win = tuple(slice(a * d, a * d + n) for a, d, n in zip(kk, spec.dilations, dst_b))
+            view[(slice(None),) * 3 + win] += part
+            continue
+        r = tuple(a * d % s for a, d, s in zip(kk, spec.dilations, spec.strides))
+        if r not in grids:
+            grids[r] = np.zeros((nb, g, cg) + q, dtype=padded.dtype)
+        sh = tuple(a * d // s for a, d, s in zip(kk, spec.dilations, spec.strides))
+        grids[r][(slice(None),) * 3 + tuple(slice(h, h + n) for h, n in zip(sh, dst_b))] += part
+    for r, grid in (grids or {}).items():
+        cells = tuple(min(qq, -(-(e - rr) // s)) for qq, e, rr, s in zip(q, ext, r, spec.strides))
+        out = tuple(slice(rr, rr + (c - 1) * s + 1, s) for rr, c, s in zip(r, cells, spec.strides))
+        view[(slice(None),) * 3 + out] = grid[(slice(None),) * 3 + tuple(slice(0, c) for c in cells)]
+
+
 def _rows_in_place(geom: PhaseGeometry, a: np.ndarray, b: Block, first: int, rows0: int, grid: tuple[int, ...],
                    groups: int, dtype) -> np.ndarray | None:
     """Rows ``[first, first + rows0)`` of axis 0 of image ``b.n0`` of a canonical array as a
@@ -563,7 +669,7 @@ def _weights(spec: ConvSpec, weights: np.ndarray, order: tuple[int, ...], dtype)
     With one tap and the compute type already, a permuted *view* (every (Og, Cg) matrix
     is then row- or column-major, which BLAS reads in place: transposing a 2048 x 1024
     matrix cost more than the product); otherwise a contiguous copy."""
-    t = int(np.prod(spec.kernel))
+    t = math.prod(spec.kernel)
     w = weights.reshape(spec.groups, spec.ocg, spec.icg, t)
     if t == 1 and w.dtype == dtype and weights.flags.c_contiguous:
         return w.transpose(order)
@@ -721,14 +827,14 @@ def _run_blocks(work, blocks: list, worst: int, workspace_limit: int, product: t
         _in_order(work, blocks, max(1, min(n, workspace_limit // max(1, worst))), consume)
 
 
-# Copies of at least this many elements run in pieces on the thread pool.
-PARALLEL_COPY = 1 << 18
+# Copies of at least this many bytes run in pieces on the thread pool.
+PARALLEL_COPY = 1 << 20       # bytes
 
 
 def _parallel_copy(out: np.ndarray, src: np.ndarray, axis: int) -> None:
     """``out[...] = src`` in pieces along ``axis``, one per thread (a plain copy: the
     result does not depend on the pieces)."""
-    workers = min(threads.get_num_threads(), out.shape[axis]) if out.size >= PARALLEL_COPY else 1
+    workers = min(threads.get_num_threads(), out.shape[axis]) if out.nbytes >= PARALLEL_COPY else 1
     cuts = _bounds(out.shape[axis], max(1, workers))
     pre = (slice(None),) * axis
 
@@ -762,7 +868,9 @@ def _plan_cached(geom: PhaseGeometry, direction: str, algorithm: str, itemsize: 
 
 
 def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype, algorithm: str,
-                 workspace_limit: int, rows_target: int) -> np.ndarray:
+                 workspace_limit: int, rows_target: int, reverse_taps: bool = False) -> np.ndarray:
+    """Forward correlation; ``reverse_taps`` (``im2col`` only) correlates with every kernel
+    axis of ``weights`` reversed (the flipped data gradient)."""
     geom = geometry(spec)
     g, cg, og, t = spec.groups, spec.icg, spec.ocg, len(geom.taps)
     dst = np.empty(spec.dst_shape, dtype=dtype)
@@ -771,7 +879,7 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
         w_cols = _weights(spec, weights, (0, 1, 2, 3), dtype).reshape(g, og, cg * t)
 
         def work(b: Block) -> None:
-            cols = _src_cols(spec, src, b, dtype)                  # (G, Cg*T, rows)
+            cols = _src_cols(spec, src, b, dtype, reverse_taps)    # (G, Cg*T, rows)
             rows = cols.shape[2]
             y = np.empty((g, og, rows), dtype=dtype)
             matmul_into(w_cols, cols, y, False)
@@ -946,9 +1054,15 @@ def flipped_spec(spec: ConvSpec) -> ConvSpec | None:
 
 # The flipped forward gathers T * C_out columns per *input* position, col2im's Z holds
 # T * C_in per *output* position. Flipping saves the scatter, but not when its column
-# matrix is many times larger: a 28^3 kernel on a 1x1x1 output (a transposed convolution
-# from a latent) made it 21952 times larger (1.1 GB, over the cap) where Z is 1.4M elements.
-FLIP_MAX_RATIO = 4
+# matrix is larger: a 28^3 kernel on a 1x1x1 output (a transposed convolution from a
+# latent) made it 21952 times larger (1.1 GB, over the cap) where Z is 1.4M elements.
+# Unpadded 3-D layers are milder: the flipped forward also multiplies (src / dst) times
+# the flops, on the zero border of diff_dst. Since the scatter runs along contiguous rows
+# or channels (``_scatter_layout``), col2im wins from a ratio of about 2 (measured, 2
+# threads, 3d_unet data gradients, flipped / col2im: conv_4, ratio 3.3, 13.0 / 7.8 ms;
+# conv_5, 1.8, 11.2 / 8.0; conv_7, 2.5, 15.5 / 8.8-12.6; conv_3, 1.45, a tie; resnet_50
+# 3x3 layers, ratio 1: flipping ties or wins by up to 1.3x).
+FLIP_MAX_RATIO = 1.5
 
 
 def flipped_data_gradient(spec: ConvSpec) -> ConvSpec | None:
@@ -966,21 +1080,32 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     g, cg, og, t = spec.groups, spec.icg, spec.ocg, len(geom.taps)
     flipped = flipped_data_gradient(spec) if algorithm == "im2col" else None
     if flipped is not None:
-        # weights (G*Og, Cg, *K) -> flipped kernel, (G*Cg, Og, *K): a transposing copy
-        # (~1.3 ns an element, 3 ms for 512 x 512 x 3 x 3), run on every thread
-        # (flipping every kernel axis reverses the flat tap index: one axis of T elements)
-        w = weights.reshape(g, og, cg, t)[..., ::-1]
+        # weights (G*Og, Cg, *K) -> (G*Cg, Og, *K): a transposing copy of whole kernels (one
+        # T-element record per (o, c), run on every thread: 1.0 ms for 512 x 512 x 3 x 3
+        # where a copy that also reversed the taps took 1.8 ms, one thread). The flip itself
+        # is read for free: the column gather reads every window back to front.
+        w = weights.reshape(g, og, cg, t)
+        if w.dtype != dtype or not w.flags.c_contiguous:
+            w = np.ascontiguousarray(w, dtype=dtype)
+        record = np.dtype((np.void, t * w.itemsize))
         flat = np.empty((g, cg, og, t), dtype=dtype)
-        _parallel_copy(flat, w.swapaxes(1, 2), axis=1)
+        _parallel_copy(flat.view(record)[..., 0], w.view(record)[..., 0].swapaxes(1, 2), axis=1)
         return conv_forward(flipped, diff_dst, flat.reshape((spec.ic, og) + spec.kernel), dtype=dtype,
-                            algorithm="im2col",
-                            workspace_limit=workspace_limit, rows_target=rows_target)
+                            algorithm="im2col", workspace_limit=workspace_limit, rows_target=rows_target,
+                            reverse_taps=True)
     dsrc = np.zeros(spec.src_shape, dtype=dtype)
     blocks, worst = _plan(geom, "bwd_data", algorithm, dtype, workspace_limit, rows_target)
     if algorithm == "im2col":
         # (G, Cg*T, Og) as the transpose of the weights' own (G, Og, Cg*T) layout: BLAS reads
         # it in place (transposing a 512 x 4608 weight matrix cost ~3 ms, a third of a call).
         w_cols = _weights(spec, weights, (0, 1, 2, 3), dtype).reshape(g, og, cg * t).swapaxes(1, 2)
+        layouts = {b: _scatter_layout(spec, b) for b in blocks}
+        w_tc = None
+        if "channels" in layouts.values():
+            # (G, Og, T, Cg): a transposing copy (taps outside the channels), on every thread
+            w_tc = np.empty((g, og, t, cg), dtype=dtype)
+            _parallel_copy(w_tc, weights.reshape(g, og, cg, t).swapaxes(2, 3), axis=1)
+            w_tc = w_tc.reshape(g, og, t * cg)
 
         def work(b: Block):
             dy = _dst_rows(spec, diff_dst, b, dtype)
@@ -988,7 +1113,15 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
             dy = dy.reshape(g, og, rows)
             block_dst = (b.nb, b.r1 - b.r0) + spec.dst[1:]
             nsp = spec.nsp
-            if _rows_major(spec, b):                   # Z^T = dY^T @ W_cols^T, stored (rows, G, Cg*T)
+            layout = layouts[b]
+            if layout == "channels":                   # Z^T = dY^T @ W_tc, stored (rows, G, T*Cg)
+                z = np.empty((rows, g, t * cg), dtype=dtype)
+                matmul_into(dy.swapaxes(1, 2), w_tc, z.transpose(1, 0, 2), False)
+                padded = np.zeros((b.nb,) + _padded_rows(spec, b) + (spec.ic,), dtype=dtype)
+                _col2im_channels_last(spec, z.reshape(block_dst + (g, t, cg)),
+                                      padded.reshape(padded.shape[:-1] + (g, cg)))
+                return b, np.moveaxis(padded, -1, 1)   # (nb, C, *padded rows) view
+            if layout == "rows":                       # Z^T = dY^T @ W_cols^T, stored (rows, G, Cg*T)
                 z = np.empty((rows, g, cg * t), dtype=dtype)
                 matmul_into(dy.swapaxes(1, 2), w_cols.swapaxes(1, 2), z.transpose(1, 0, 2), False)
                 z = z.reshape(block_dst + (g, cg) + spec.kernel)
@@ -998,7 +1131,7 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
                 matmul_into(w_cols, dy, z, False)
                 z = z.reshape((g, cg) + spec.kernel + block_dst)
             padded = np.zeros((b.nb, spec.ic) + _padded_rows(spec, b), dtype=dtype)
-            _col2im(spec, z, padded)
+            (_col2im_phases if layout == "phases" else _col2im)(spec, z, padded)
             return b, padded
 
         product = (cg * t, _block_rows(geom, algorithm, blocks), og)
