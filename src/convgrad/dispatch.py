@@ -42,7 +42,7 @@ from typing import Iterator
 import numpy as np
 
 from .errors import ConvTypeError, ConvValueError
-from .kernels import depthwise
+from .kernels import depthwise, thin
 from .kernels.gemm import flipped_data_gradient, pointwise_spec
 from .spec import ConvSpec
 
@@ -188,12 +188,24 @@ def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32,
     return _cheapest(spec, direction)
 
 
-def check_direct(op: str, spec: ConvSpec) -> None:
-    """Raise unless ``algorithm="direct"`` can run this problem here."""
+def direct_kernel(spec: ConvSpec):
+    """The module that runs ``direct`` for this problem: ``depthwise`` (one input channel
+    per group) or ``thin`` (the others; stride 1, fwd and bwd_data)."""
+    return depthwise if depthwise.eligible(spec) else thin
+
+
+def check_direct(op: str, spec: ConvSpec, direction: str | None = None) -> None:
+    """Raise unless ``algorithm="direct"`` can run this problem here (``direction`` None:
+    every direction)."""
     if not depthwise.eligible(spec):
-        raise ConvValueError(
-            f"{op}: algorithm 'direct' expects a depthwise problem (C_IN / groups = 1, 1 to 3 spatial axes), "
-            f"but got C_IN {spec.ic}, groups {spec.groups} ({spec.icg} channels per group), {spec.nsp} spatial axes")
+        dirs = DIRECTIONS if direction is None else (direction,)
+        if not all(thin.eligible(spec, d) for d in dirs):
+            raise ConvValueError(
+                f"{op}: algorithm 'direct' expects a depthwise problem (C_IN / groups = 1, 1 to 3 spatial axes), "
+                f"or, for fwd and bwd_data only, stride 1 with pads at most (K - 1) * dilation on 1 to 3 spatial "
+                f"axes, but got C_IN {spec.ic}, groups {spec.groups} ({spec.icg} channels per group), "
+                f"{spec.nsp} spatial axes, strides {list(spec.strides)}, pads_begin {list(spec.pads_begin)}, "
+                f"pads_end {list(spec.pads_end)}" + (f" for {direction}" if direction else ""))
     if not depthwise.available():
         why = "CONVGRAD_NUMBA=0" if os.environ.get("CONVGRAD_NUMBA", "1").strip() == "0" else "numba is not installed"
         raise ConvValueError(f"{op}: algorithm 'direct' expects numba (pip install convgrad[fast]), but {why}")
