@@ -43,6 +43,11 @@ from .gemm import flipped_spec, run_each
 # buffer, calls) outweigh the L1 misses.
 BUFFER_BYTES = 64 * 1024
 MIN_TILE = 64
+# Register tile of the compiled loops: OB output channels x R positions (a tile is a
+# multiple of R positions). 3 x 32 float32 accumulators are 12 AVX2 registers, with 4
+# for the inputs and weights of a term.
+OB = 3
+R = 32
 MAX_TILE = 4096
 # Below this many multiply-adds a call runs on the calling thread alone (as depthwise.py);
 # chunks per worker thread.
@@ -85,7 +90,7 @@ def _tile(fspec: ConvSpec, itemsize: int) -> int:
     for a in range(fspec.nsp):
         max_off = max_off * q[a] + (ks[a] - 1) * fspec.dilations[a]
     cells = BUFFER_BYTES // (fspec.icg * itemsize) - max_off
-    return int(min(MAX_TILE, max(MIN_TILE, cells // 16 * 16))), max_off
+    return int(min(MAX_TILE, max(MIN_TILE, cells // R * R))), max_off
 
 
 def _span(fspec: ConvSpec) -> int:
