@@ -206,3 +206,32 @@ def test_thin_keyword_errors(monkeypatch):
         cg.conv_forward(*_inputs(dense, rng, np.float32)[:2], **_kw(dense), algorithm="direct")
     for direction in dispatch.DIRECTIONS:
         assert cg.choose_algorithm(dense, direction) in ("taps", "im2col")
+
+
+@needs_numba
+def test_thin_dispatch_rule():
+    """``choose_algorithm`` picks the thin kernel where it was measured faster (stride 1,
+    fwd and bwd_data, kernels of several taps, at most THIN_MAX_CHANNELS channels per
+    group, dense enough grids) and keeps the GEMM lowerings elsewhere."""
+    wavenet = make_spec("t", mb=1, ic=32, oc=32, groups=1, src=(84350,), kernel=(2,), strides=1)
+    grouped = make_spec("t", mb=1, ic=128, oc=128, groups=8, src=(165, 165), kernel=(3, 3), strides=1,
+                        pads_begin=1, pads_end=1)
+    for spec in (wavenet, grouped):
+        assert cg.choose_algorithm(spec, "fwd") == cg.choose_algorithm(spec, "bwd_data") == "direct"
+        assert cg.choose_algorithm(spec, "bwd_weights") in ("taps", "im2col")
+        assert cg.choose_algorithm(spec, "fwd", direct=False) in ("taps", "im2col")
+    gemm_cases = (
+        make_spec("t", mb=1, ic=32, oc=32, groups=1, src=(842,), kernel=(1,), strides=1),          # 1x1
+        make_spec("t", mb=1, ic=256, oc=64, groups=1, src=(20, 20), kernel=(3, 3), strides=1),    # wide
+        make_spec("t", mb=1, ic=16, oc=16, groups=1, src=(20, 20), kernel=(3, 3), strides=2),     # strided
+        make_spec("t", mb=4, ic=16, oc=16, groups=1, src=(4, 4), kernel=(3, 3), strides=1,
+                  pads_begin=1, pads_end=1),                                                       # sparse grid
+    )
+    for spec in gemm_cases:
+        for direction in ("fwd", "bwd_data"):
+            assert cg.choose_algorithm(spec, direction) in ("taps", "im2col"), (str(spec), direction)
+    # a data gradient onto a tiny latent: its forward view is a huge grid with one output
+    latent = make_spec("t", mb=2, ic=8, oc=16, groups=1, src=(1, 1, 1), kernel=(8, 8, 8), strides=1,
+                       pads_begin=7, pads_end=7)
+    assert cg.choose_algorithm(latent, "bwd_data") in ("taps", "im2col")
+    assert dispatch.THIN_MAX_CHANNELS >= 32

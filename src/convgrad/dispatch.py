@@ -14,7 +14,7 @@ to the reference kernel, which accumulates in int64), then a cost model,
   Its data gradient scatters the columns back (col2im), except with stride 1, where it
   runs as the forward im2col of ``diff_dst`` with the flipped kernel (unless that column
   matrix is many times larger: kernels far larger than the output).
-* ``direct`` (``kernels/depthwise.py``) is a compiled loop nest for depthwise problems
+* ``direct`` is a compiled loop nest: ``kernels/depthwise.py`` for depthwise problems
   (one input channel per group, any channel multiplier, 1-3 spatial axes). It needs numba
   (extra ``convgrad[fast]``; ``CONVGRAD_NUMBA=0`` turns it off). There the GEMM lowerings
   degenerate into one element-wise NumPy multiply-add per tap, so when it is available it
@@ -22,7 +22,10 @@ to the reference kernel, which accumulates in int64), then a cost model,
   per group before the cost model is asked (measured in-process
   against ``taps`` on the nine mobilenet depthwise layers, 2 threads, a loaded machine:
   1.2-4x faster in forward and data gradients; weight gradients 1.1-2x faster except
-  56x56 stride 2 and 28x28, which tie within the noise, 0.9-1.1x).
+  56x56 stride 2 and 28x28, which tie within the noise, 0.9-1.1x). For the other problems
+  with stride 1, ``kernels/thin.py`` runs fwd and bwd_data as register-tiled direct loops;
+  it is chosen for kernels of more than one tap with at most ``THIN_MAX_CHANNELS`` channels
+  per group (``thin_pays``, measured numbers there), where the GEMMs have a small dimension.
 
 The model charges the GEMM flops at a rate that falls with the smallest GEMM dimension
 (``RATE_KNEE``: a 64-wide GEMM runs at ~0.8 of peak), plus the copies and adds around
@@ -174,9 +177,9 @@ def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32,
     """The algorithm the canonical functions use for this problem (pure, overridable).
 
     Vetoes first (integer types: ``reference``; depthwise problems with at most
-    ``DIRECT_MAX_MULTIPLIER`` output channels per group: ``direct`` when
-    ``depthwise.available()``, unless ``direct=False``), then the cheaper of ``taps``
-    and ``im2col`` by ``estimate_cost``.
+    ``DIRECT_MAX_MULTIPLIER`` output channels per group, and the thin-channel problems of
+    ``thin_pays``: ``direct`` when numba is available, unless ``direct=False``), then the
+    cheaper of ``taps`` and ``im2col`` by ``estimate_cost``.
     """
     if direction not in DIRECTIONS:
         raise ConvValueError(f"choose_algorithm: direction must be one of {DIRECTIONS}, but got {direction!r}")
@@ -185,7 +188,38 @@ def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32,
         return "reference"
     if direct and depthwise.eligible(spec) and spec.ocg <= DIRECT_MAX_MULTIPLIER and depthwise.available():
         return "direct"
+    if direct and thin_pays(spec, direction) and thin.available():
+        return "direct"
     return _cheapest(spec, direction)
+
+
+# The thin-channel kernel is chosen automatically for the problems it runs (stride 1, fwd
+# and bwd_data) with a kernel of more than one tap and at most THIN_MAX_CHANNELS input and
+# output channels per group. Measured in-process against the better of ``taps`` and
+# ``im2col`` (float32, 1 and 2 threads on the loaded 2-core dev VM; ratio = GEMM time /
+# direct time, fwd and bwd_data): wavenet 32 channels k2 1.3-1.5, grouped 8 x 16 channels
+# 3x3 165^2 1.7, 8 -> 16 channels 2.0-2.4, 3 -> 64 (VGG conv1) 1.3-1.8, 32 groups of 4
+# 2.5-2.6, 48 channels 3x3 1.15-1.7, 64 channels 56^2 1.26-1.31, 128 channels 28^2 1.08-1.35,
+# 64 channels k3 1-D 1.15-1.19, 3-D 32 channels 3x3x3 24^3 1.26-1.36. It loses on 1x1
+# kernels (a plain GEMM: 512 -> 256 channels 0.66-0.71, 32 channels 0.8-1.2), which stay
+# with the GEMM lowerings, as do wider groups (not measured) and every weight gradient.
+# The kernel also computes the "wide" cells of the padded grid (a halo of (K - 1) * d per
+# axis) and drops them, so it needs at least THIN_MIN_DENSITY real outputs per grid cell:
+# 64 channels 3x3 on 7x7 images (density 0.60) 1.19-1.22 faster, on 4x4 (0.44) 0.99-1.12,
+# a 8^3-kernel data gradient onto a 1^3 latent (1/512) 0.13 (2 threads).
+THIN_MAX_CHANNELS = 128
+THIN_MIN_DENSITY = 0.5
+
+
+def thin_pays(spec: ConvSpec, direction: str) -> bool:
+    """Whether the automatic choice runs this problem on the thin-channel kernel (pure)."""
+    if depthwise.eligible(spec) or not thin.eligible(spec, direction) or _prod(spec.kernel) == 1:
+        return False
+    if max(spec.icg, spec.ocg) > THIN_MAX_CHANNELS:
+        return False
+    out = spec.dst if direction == "fwd" else spec.src      # outputs of the forward loop
+    grid = _prod(o + (k - 1) * d for o, k, d in zip(out, spec.kernel, spec.dilations))
+    return _prod(out) >= THIN_MIN_DENSITY * grid
 
 
 def direct_kernel(spec: ConvSpec):
