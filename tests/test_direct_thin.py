@@ -210,9 +210,9 @@ def test_thin_keyword_errors(monkeypatch):
 
 @needs_numba
 def test_thin_dispatch_rule():
-    """``choose_algorithm`` picks the thin kernel where it was measured faster (stride 1,
-    fwd and bwd_data, kernels of several taps, at most THIN_MAX_CHANNELS channels per
-    group, dense enough grids) and keeps the GEMM lowerings elsewhere."""
+    """``choose_algorithm`` picks the thin kernel where it was measured faster (float32,
+    stride 1, fwd and bwd_data, kernels of several taps, at most THIN_MAX_CHANNELS channels
+    per group, dense enough grids) and keeps the GEMM lowerings elsewhere."""
     wavenet = make_spec("t", mb=1, ic=32, oc=32, groups=1, src=(84350,), kernel=(2,), strides=1)
     grouped = make_spec("t", mb=1, ic=128, oc=128, groups=8, src=(165, 165), kernel=(3, 3), strides=1,
                         pads_begin=1, pads_end=1)
@@ -220,6 +220,8 @@ def test_thin_dispatch_rule():
         assert cg.choose_algorithm(spec, "fwd") == cg.choose_algorithm(spec, "bwd_data") == "direct"
         assert cg.choose_algorithm(spec, "bwd_weights") in ("taps", "im2col")
         assert cg.choose_algorithm(spec, "fwd", direct=False) in ("taps", "im2col")
+        assert cg.choose_algorithm(spec, "fwd", np.float16) == "direct"       # computed in float32
+        assert cg.choose_algorithm(spec, "fwd", np.float64) in ("taps", "im2col")   # the tile spills
     gemm_cases = (
         make_spec("t", mb=1, ic=32, oc=32, groups=1, src=(842,), kernel=(1,), strides=1),          # 1x1
         make_spec("t", mb=1, ic=256, oc=64, groups=1, src=(20, 20), kernel=(3, 3), strides=1),    # wide

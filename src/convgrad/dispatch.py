@@ -177,8 +177,8 @@ def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32,
     """The algorithm the canonical functions use for this problem (pure, overridable).
 
     Vetoes first (integer types: ``reference``; depthwise problems with at most
-    ``DIRECT_MAX_MULTIPLIER`` output channels per group, and the thin-channel problems of
-    ``thin_pays``: ``direct`` when numba is available, unless ``direct=False``), then the
+    ``DIRECT_MAX_MULTIPLIER`` output channels per group, and, in float32, the thin-channel
+    problems of ``thin_pays``: ``direct`` when numba is available, unless ``direct=False``), then the
     cheaper of ``taps`` and ``im2col`` by ``estimate_cost``.
     """
     if direction not in DIRECTIONS:
@@ -188,7 +188,7 @@ def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32,
         return "reference"
     if direct and depthwise.eligible(spec) and spec.ocg <= DIRECT_MAX_MULTIPLIER and depthwise.available():
         return "direct"
-    if direct and thin_pays(spec, direction) and thin.available():
+    if direct and dt != np.float64 and thin_pays(spec, direction) and thin.available():
         return "direct"
     return _cheapest(spec, direction)
 
@@ -203,6 +203,9 @@ def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32,
 # 64 channels k3 1-D 1.15-1.19, 3-D 32 channels 3x3x3 24^3 1.26-1.36. It loses on 1x1
 # kernels (a plain GEMM: 512 -> 256 channels 0.66-0.71, 32 channels 0.8-1.2), which stay
 # with the GEMM lowerings, as do wider groups (not measured) and every weight gradient.
+# Only for float32 compute (half types included): in float64 the 3 x 32 register tile
+# spills (wavenet 0.65-0.79, 64 channels 0.64-0.66, 3-D 0.70; grouped 1.2), so float64
+# keeps the GEMMs.
 # The kernel also computes the "wide" cells of the padded grid (a halo of (K - 1) * d per
 # axis) and drops them, so it needs at least THIN_MIN_DENSITY real outputs per grid cell:
 # 64 channels 3x3 on 7x7 images (density 0.60) 1.19-1.22 faster, on 4x4 (0.44) 0.99-1.12,
