@@ -243,7 +243,8 @@ def test_direct_inputs_not_modified(variant):
 
 def test_direct_keyword_errors(monkeypatch):
     rng = np.random.default_rng(10)
-    dense = make_spec("t", mb=1, ic=4, oc=6, groups=2, src=(6, 5), kernel=(3, 2), strides=1, dilations=1,
+    # dense and strided: neither the depthwise nor the thin-channel kernel (stride 1) runs it
+    dense = make_spec("t", mb=1, ic=4, oc=6, groups=2, src=(6, 5), kernel=(3, 2), strides=(2, 1), dilations=1,
                       pads_begin=0, pads_end=0)
     x, w, dy = _inputs(dense, rng, np.float32)
     with pytest.raises(cg.ConvValueError, match=r"conv_forward: algorithm 'direct' expects a depthwise problem"):

@@ -19,7 +19,7 @@ to the reference kernel, which accumulates in int64), then a cost model,
   stride 2, 3 channels) 40-65 / 22-24; mobilenet conv1 (3x3 stride 2, 3 channels) 60 / 40;
   3d_unet conv_4 8.8 / 7.8, conv_7 17.8 / 8.8-12.6, but conv_2 (32 -> 64 channels, 20^3)
   10 / 12, which ``COL2IM_SECONDS`` keeps on ``taps``.
-* ``direct`` (``kernels/depthwise.py``) is a compiled loop nest for depthwise problems
+* ``direct`` is a compiled loop nest: ``kernels/depthwise.py`` for depthwise problems
   (one input channel per group, any channel multiplier, 1-3 spatial axes). It needs numba
   (extra ``convgrad[fast]``; ``CONVGRAD_NUMBA=0`` turns it off). There the GEMM lowerings
   degenerate into one element-wise NumPy multiply-add per tap, so when it is available it
@@ -27,7 +27,10 @@ to the reference kernel, which accumulates in int64), then a cost model,
   per group before the cost model is asked (measured in-process
   against ``taps`` on the nine mobilenet depthwise layers, 2 threads, a loaded machine:
   1.2-4x faster in forward and data gradients; weight gradients 1.1-2x faster except
-  56x56 stride 2 and 28x28, which tie within the noise, 0.9-1.1x).
+  56x56 stride 2 and 28x28, which tie within the noise, 0.9-1.1x). For the other problems
+  with stride 1, ``kernels/thin.py`` runs fwd and bwd_data as register-tiled direct loops;
+  it is chosen for kernels of more than one tap with at most ``THIN_MAX_CHANNELS`` channels
+  per group (``thin_pays``, measured numbers there), where the GEMMs have a small dimension.
 
 The model charges the GEMM flops at a rate that falls with the smallest GEMM dimension
 (``RATE_KNEE``: a 64-wide GEMM runs at ~0.8 of peak), plus the copies and adds around
@@ -47,7 +50,7 @@ from typing import Iterator
 import numpy as np
 
 from .errors import ConvTypeError, ConvValueError
-from .kernels import depthwise
+from .kernels import depthwise, thin
 from .kernels.gemm import flipped_data_gradient, pointwise_spec
 from .spec import ConvSpec
 
@@ -179,9 +182,9 @@ def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32,
     """The algorithm the canonical functions use for this problem (pure, overridable).
 
     Vetoes first (integer types: ``reference``; depthwise problems with at most
-    ``DIRECT_MAX_MULTIPLIER`` output channels per group: ``direct`` when
-    ``depthwise.available()``, unless ``direct=False``), then the cheaper of ``taps``
-    and ``im2col`` by ``estimate_cost``.
+    ``DIRECT_MAX_MULTIPLIER`` output channels per group, and, in float32, the thin-channel
+    problems of ``thin_pays``: ``direct`` when numba is available, unless ``direct=False``), then the
+    cheaper of ``taps`` and ``im2col`` by ``estimate_cost``.
     """
     if direction not in DIRECTIONS:
         raise ConvValueError(f"choose_algorithm: direction must be one of {DIRECTIONS}, but got {direction!r}")
@@ -190,15 +193,61 @@ def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32,
         return "reference"
     if direct and depthwise.eligible(spec) and spec.ocg <= DIRECT_MAX_MULTIPLIER and depthwise.available():
         return "direct"
+    if direct and dt != np.float64 and thin_pays(spec, direction) and thin.available():
+        return "direct"
     return _cheapest(spec, direction)
 
 
-def check_direct(op: str, spec: ConvSpec) -> None:
-    """Raise unless ``algorithm="direct"`` can run this problem here."""
+# The thin-channel kernel is chosen automatically for the problems it runs (stride 1, fwd
+# and bwd_data) with a kernel of more than one tap and at most THIN_MAX_CHANNELS input and
+# output channels per group. Measured in-process against the better of ``taps`` and
+# ``im2col`` (float32, 1 and 2 threads on the loaded 2-core dev VM; ratio = GEMM time /
+# direct time, fwd and bwd_data): wavenet 32 channels k2 1.3-1.5, grouped 8 x 16 channels
+# 3x3 165^2 1.7, 8 -> 16 channels 2.0-2.4, 3 -> 64 (VGG conv1) 1.3-1.8, 32 groups of 4
+# 2.5-2.6, 48 channels 3x3 1.15-1.7, 64 channels 56^2 1.26-1.31, 128 channels 28^2 1.08-1.35,
+# 64 channels k3 1-D 1.15-1.19, 3-D 32 channels 3x3x3 24^3 1.26-1.36. It loses on 1x1
+# kernels (a plain GEMM: 512 -> 256 channels 0.66-0.71, 32 channels 0.8-1.2), which stay
+# with the GEMM lowerings, as do wider groups (not measured) and every weight gradient.
+# Only for float32 compute (half types included): in float64 the 3 x 32 register tile
+# spills (wavenet 0.65-0.79, 64 channels 0.64-0.66, 3-D 0.70; grouped 1.2), so float64
+# keeps the GEMMs.
+# The kernel also computes the "wide" cells of the padded grid (a halo of (K - 1) * d per
+# axis) and drops them, so it needs at least THIN_MIN_DENSITY real outputs per grid cell:
+# 64 channels 3x3 on 7x7 images (density 0.60) 1.19-1.22 faster, on 4x4 (0.44) 0.99-1.12,
+# a 8^3-kernel data gradient onto a 1^3 latent (1/512) 0.13 (2 threads).
+THIN_MAX_CHANNELS = 128
+THIN_MIN_DENSITY = 0.5
+
+
+def thin_pays(spec: ConvSpec, direction: str) -> bool:
+    """Whether the automatic choice runs this problem on the thin-channel kernel (pure)."""
+    if depthwise.eligible(spec) or not thin.eligible(spec, direction) or _prod(spec.kernel) == 1:
+        return False
+    if max(spec.icg, spec.ocg) > THIN_MAX_CHANNELS:
+        return False
+    out = spec.dst if direction == "fwd" else spec.src      # outputs of the forward loop
+    grid = _prod(o + (k - 1) * d for o, k, d in zip(out, spec.kernel, spec.dilations))
+    return _prod(out) >= THIN_MIN_DENSITY * grid
+
+
+def direct_kernel(spec: ConvSpec):
+    """The module that runs ``direct`` for this problem: ``depthwise`` (one input channel
+    per group) or ``thin`` (the others; stride 1, fwd and bwd_data)."""
+    return depthwise if depthwise.eligible(spec) else thin
+
+
+def check_direct(op: str, spec: ConvSpec, direction: str | None = None) -> None:
+    """Raise unless ``algorithm="direct"`` can run this problem here (``direction`` None:
+    every direction)."""
     if not depthwise.eligible(spec):
-        raise ConvValueError(
-            f"{op}: algorithm 'direct' expects a depthwise problem (C_IN / groups = 1, 1 to 3 spatial axes), "
-            f"but got C_IN {spec.ic}, groups {spec.groups} ({spec.icg} channels per group), {spec.nsp} spatial axes")
+        dirs = DIRECTIONS if direction is None else (direction,)
+        if not all(thin.eligible(spec, d) for d in dirs):
+            raise ConvValueError(
+                f"{op}: algorithm 'direct' expects a depthwise problem (C_IN / groups = 1, 1 to 3 spatial axes), "
+                f"or, for fwd and bwd_data only, stride 1 with pads at most (K - 1) * dilation on 1 to 3 spatial "
+                f"axes, but got C_IN {spec.ic}, groups {spec.groups} ({spec.icg} channels per group), "
+                f"{spec.nsp} spatial axes, strides {list(spec.strides)}, pads_begin {list(spec.pads_begin)}, "
+                f"pads_end {list(spec.pads_end)}" + (f" for {direction}" if direction else ""))
     if not depthwise.available():
         why = "CONVGRAD_NUMBA=0" if os.environ.get("CONVGRAD_NUMBA", "1").strip() == "0" else "numba is not installed"
         raise ConvValueError(f"{op}: algorithm 'direct' expects numba (pip install convgrad[fast]), but {why}")

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import dispatch
 from .errors import ConvTypeError, ConvValueError
-from .kernels import depthwise, gemm, reference
+from .kernels import gemm, reference
 from .spec import ConvSpec, describe_dst_mismatch, int_list, make_spec
 
 try:  # ml_dtypes is a declared dependency; the guard only keeps error messages useful
@@ -87,19 +87,19 @@ def resolve(op: str, spec: ConvSpec, direction: str, dt: np.dtype, algorithm: st
             workspace_limit: int | None) -> tuple[str, int]:
     """The algorithm (the caller's override, else ``choose_algorithm``) and workspace cap.
 
-    An automatic ``direct`` whose one-channel scratch would not fit in the cap (huge
-    images) falls back to the NumPy lowerings, which split images into row slabs."""
+    An automatic ``direct`` whose scratch would not fit in the cap (huge images, or
+    converted inputs of the thin-channel kernel) falls back to the NumPy lowerings, which split images into row slabs."""
     limit = dispatch.get_workspace_limit() if workspace_limit is None else dispatch._check_limit(workspace_limit)
     if algorithm is None:
         algorithm = dispatch.choose_algorithm(spec, direction, dt)
-        if algorithm == "direct" and not depthwise.fits(spec, direction, compute_dtype(dt), limit):
+        if algorithm == "direct" and not dispatch.direct_kernel(spec).fits(spec, direction, compute_dtype(dt), limit):
             algorithm = dispatch.choose_algorithm(spec, direction, dt, direct=False)
     elif algorithm not in dispatch.ALGORITHMS:
         raise ConvValueError(f"{op}: algorithm must be one of {dispatch.ALGORITHMS}, but got {algorithm!r}")
     elif dt.kind in "iu":
         algorithm = "reference"   # exact integers: only the int64 reference is exact
     elif algorithm == "direct":
-        dispatch.check_direct(op, spec)
+        dispatch.check_direct(op, spec, direction)
     return algorithm, limit
 
 
@@ -177,8 +177,9 @@ def _run(direction: str, spec: ConvSpec, a: np.ndarray, b: np.ndarray, out_dtype
               "bwd_data": reference.conv_backward_data}[direction]
         res = fn(spec, a.astype(acc), b.astype(acc))
     elif algorithm == "direct":
-        fn = {"fwd": depthwise.conv_forward, "bwd_weights": depthwise.conv_backward_weights,
-              "bwd_data": depthwise.conv_backward_data}[direction]
+        kernel = dispatch.direct_kernel(spec)
+        fn = {"fwd": kernel.conv_forward, "bwd_weights": getattr(kernel, "conv_backward_weights", None),
+              "bwd_data": kernel.conv_backward_data}[direction]
         res = fn(spec, a, b, dtype=cdt, workspace_limit=limit)
     else:
         fn = {"fwd": gemm.conv_forward, "bwd_weights": gemm.conv_backward_weights,

@@ -1,0 +1,210 @@
+"""Direct thin-channel kernel, part of algorithm ``direct`` (kernel layer: arrays and a ConvSpec only).
+
+For problems with a few channels per group (``C_in / groups`` and ``C_out / groups`` of
+16-64) the GEMMs of ``gemm.py`` have one small dimension and OpenBLAS runs them at a
+fraction of its peak. Here the forward convolution with stride 1 is a compiled,
+register-blocked direct loop nest (``_thin_jit.py``, where the index identity is derived):
+tiles of consecutive positions of the images' padded grids, computed in register tiles of
+``OB`` output channels x ``R`` positions that stay in vector registers over all the
+(channel, tap) terms. Every problem is viewed as 3-D (unit leading spatial axes), so 1-,
+2- and 3-D share one code path, compiled once per compute type.
+
+The data gradient with stride 1 is the same forward loop: ``dsrc = conv(diff_dst, W')``
+with ``W'[g, c, o, j] = W[g, o, c, K-1-j]`` (the kernel flipped on every axis, input and
+output channels swapped per group) and pads ``(K-1)*d - p`` (``gemm.flipped_spec``, derived
+there). Only stride 1 (and, for the data gradient, pads at most ``(K-1)*d``) is supported.
+The weight gradient is not: a lane-sum register-tiled loop (3 output channels x 4 terms x
+8 lanes) measured no faster than ``taps`` on the wavenet and grouped shapes (0.93x and
+1.0x, one thread) and slower on two threads, so the GEMM lowerings keep it.
+
+numba is optional, as for ``depthwise.py`` (same :func:`depthwise.available`). Work is the
+flat list of (group, position tile) items (tiles cut the images' padded grids laid end to
+end), cut into chunks of consecutive items on
+convgrad's own pool (``gemm.run_each``; no BLAS is called). Every output element is
+computed inside one tile in a fixed order, so results are bitwise identical whatever the
+thread count, the chunking or the workspace cap. Inputs that are C-contiguous in the
+compute type are read in place; others (half types, strided views) are converted whole,
+which is workspace and counted against the cap with each thread's scratch.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from .. import threads
+from ..errors import WorkspaceError
+from ..spec import ConvSpec
+from . import depthwise
+from .gemm import flipped_spec, run_each
+
+# Bytes of one tile's input buffer (every input channel of a group, ``tile + halo`` cells
+# each) that the tile size aims at. The buffer is re-read once per register tile of output
+# channels. Measured (one thread, ms, 32 / 64 / 128 KiB): grouped 8 x 16 channels 3x3
+# 165^2 fwd 18.2 / 15.8 / 15.8; wavenet fwd 5.10 / 5.51 / 5.80, bwd_data 5.63 / 5.23 / 5.07.
+BUFFER_BYTES = 64 * 1024
+MIN_TILE = 64
+# A tile holds at least HALO_TILE times the halo (the cells past the tile that its taps
+# read, ``max_off``; two planes of a 3-D grid for a 3x3x3 kernel), else the copies of the
+# halo outweigh the tile's work: 3-D 32 channels 24^3 3x3x3 (halo 1406 cells) ran 22.6 ms
+# with 64-position tiles where ``taps`` took 15.0; 13.2 / 12.6 / 12.6 / 12.8 ms with 1, 2,
+# 4, 8 halos (resnet 64 channels 56x56: 3.15 / 3.11 / 3.02 / 3.30 ms; one thread).
+HALO_TILE = 4
+# Register tile of the compiled loops: OB output channels x R positions (a tile is a
+# multiple of R positions). 3 x 32 float32 accumulators are 12 AVX2 registers, with 4
+# for the inputs and weights of a term.
+OB = 3
+R = 32
+MAX_TILE = 4096
+# Below this many multiply-adds a call runs on the calling thread alone (as depthwise.py);
+# chunks per worker thread.
+PARALLEL_MACS = depthwise.PARALLEL_MACS
+CHUNKS_PER_WORKER = 4
+
+
+def available() -> bool:
+    """Whether the compiled kernel can run (numba importable, ``CONVGRAD_NUMBA`` not ``0``)."""
+    return depthwise.available() and _jit() is not None
+
+
+@functools.lru_cache(maxsize=1)
+def _jit():
+    try:
+        from . import _thin_jit
+    except ImportError:
+        return None
+    return _thin_jit
+
+
+def eligible(spec: ConvSpec, direction: str) -> bool:
+    """Problems the kernel runs: stride 1, 1-3 spatial axes, more than one input channel per
+    group (one is ``depthwise.py``'s); fwd and bwd_data (the latter with pads at most
+    ``(K-1)*d``, so that it is a forward convolution of ``diff_dst``)."""
+    if not (1 <= spec.nsp <= 3 and spec.icg > 1 and all(s == 1 for s in spec.strides)):
+        return False
+    if direction == "fwd":
+        return True
+    return direction == "bwd_data" and flipped_spec(spec) is not None
+
+
+def _as_forward(spec: ConvSpec, direction: str) -> ConvSpec:
+    return spec if direction == "fwd" else flipped_spec(spec)
+
+
+def _tile(fspec: ConvSpec, itemsize: int) -> tuple[int, int]:
+    """Positions per tile (a multiple of R; decided by the problem alone) and the halo
+    ``max_off`` (flat cells past a position that its taps read)."""
+    ks = fspec.kernel
+    q = [o + (k - 1) * d for o, k, d in zip(fspec.dst, ks, fspec.dilations)]
+    max_off = 0
+    for a in range(fspec.nsp):
+        max_off = max_off * q[a] + (ks[a] - 1) * fspec.dilations[a]
+    cells = max(BUFFER_BYTES // (fspec.icg * itemsize) - max_off, HALO_TILE * max_off)
+    return int(min(max(MAX_TILE, R * -(-HALO_TILE * max_off // R)), max(MIN_TILE, cells // R * R))), max_off
+
+
+def _span(fspec: ConvSpec) -> int:
+    """One past the flat index of the last output in the padded grids of all images."""
+    dst = (1,) * (3 - fspec.nsp) + fspec.dst
+    ks = (1,) * (3 - fspec.nsp) + fspec.kernel
+    dl = (1,) * (3 - fspec.nsp) + fspec.dilations
+    q0, q1, q2 = (o + (k - 1) * d for o, k, d in zip(dst, ks, dl))
+    return (((fspec.mb - 1) * q0 + dst[0] - 1) * q1 + dst[1] - 1) * q2 + dst[2]
+
+
+def _scratch(fspec: ConvSpec, itemsize: int) -> int:
+    """Bytes one thread allocates: the tile buffer, the accumulators, the term offsets."""
+    tile, max_off = _tile(fspec, itemsize)
+    return (fspec.icg * (tile + max_off) + fspec.ocg * tile) * itemsize + fspec.icg * math.prod(fspec.kernel) * 8 + 1024
+
+
+def _converted(arr_shape, arr_dtype, contiguous: bool, dtype) -> int:
+    if np.dtype(arr_dtype) == np.dtype(dtype) and contiguous:
+        return 0
+    return math.prod(arr_shape) * np.dtype(dtype).itemsize
+
+
+def fits(spec: ConvSpec, direction: str, dtype, workspace_limit: int) -> bool:
+    """Whether one thread's scratch plus a converted copy of every input fits in the cap
+    (the dispatcher's automatic choice falls back to the NumPy lowerings otherwise)."""
+    item = np.dtype(dtype).itemsize
+    fspec = _as_forward(spec, direction)
+    data = math.prod(fspec.src_shape) * item
+    weights = math.prod(fspec.weights_shape) * item
+    return _scratch(fspec, item) + data + weights <= workspace_limit
+
+
+def _plan(fspec: ConvSpec, items: int, fixed: int, per_thread: int, workspace_limit: int,
+          direction: str) -> tuple[list[tuple[int, int]], int]:
+    """Chunks ``[i0, i1)`` of the item list and the threads to run them on (every output
+    element lies in one item, so neither changes a bit of the result)."""
+    need = fixed + per_thread
+    if need > workspace_limit:
+        raise WorkspaceError(
+            f"{direction}: the workspace limit ({workspace_limit} bytes) is too small for the "
+            f"smallest tile of problem {fspec} ({need} bytes); raise it with convgrad.set_workspace_limit()")
+    macs = fspec.mb * fspec.oc * math.prod(fspec.dst) * fspec.icg * math.prod(fspec.kernel)
+    workers = 1 if macs < PARALLEL_MACS else max(1, min(items, threads.get_num_threads()))
+    workers = max(1, min(workers, (workspace_limit - fixed) // per_thread))
+    n_chunks = 1 if workers == 1 else min(items, workers * CHUNKS_PER_WORKER)
+    bounds = [items * i // n_chunks for i in range(n_chunks + 1)]
+    return [(bounds[i], bounds[i + 1]) for i in range(n_chunks) if bounds[i + 1] > bounds[i]], workers
+
+
+def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, *, dtype, workspace_limit: int, fixed: int,
+             direction: str) -> np.ndarray:
+    """The forward loop on canonical ``x`` (N, C, *spatial) and ``w`` (G*Og, Cg, *kernel),
+    both already C-contiguous in ``dtype``; ``fixed`` bytes of workspace are already held."""
+    jit = _jit()
+    pad = 3 - fspec.nsp
+    x3 = x.reshape((fspec.mb, fspec.ic) + (1,) * pad + fspec.src)
+    y = np.empty((fspec.mb, fspec.oc) + (1,) * pad + fspec.dst, dtype=dtype)
+    w3 = w.reshape(fspec.groups, fspec.ocg, fspec.icg * math.prod(fspec.kernel))
+    tile, _ = _tile(fspec, dtype.itemsize)
+    geo = np.array((1,) * pad + fspec.dilations + (0,) * pad + fspec.pads_begin + (tile,)
+                   + (1,) * pad + fspec.kernel, dtype=np.int64)
+    items = fspec.groups * -(-_span(fspec) // tile)
+    blocks, workers = _plan(fspec, items, fixed, _scratch(fspec, dtype.itemsize), workspace_limit, direction)
+    run_each(lambda b: jit.forward(x3, w3, y, geo, b[0], b[1]), blocks, workers)
+    return y.reshape(fspec.dst_shape)
+
+
+def _contiguous(arr: np.ndarray, dtype) -> tuple[np.ndarray, int]:
+    """``arr`` C-contiguous in ``dtype`` and the bytes that took (0: read in place)."""
+    if arr.dtype == dtype and arr.flags.c_contiguous:
+        return arr, 0
+    out = np.ascontiguousarray(arr, dtype=dtype)
+    return out, out.nbytes
+
+
+def _check_conversion(spec: ConvSpec, direction: str, held: int, workspace_limit: int) -> None:
+    if held > workspace_limit:
+        raise WorkspaceError(
+            f"{direction}: the workspace limit ({workspace_limit} bytes) is too small for the "
+            f"converted inputs of problem {spec} ({held} bytes); raise it with convgrad.set_workspace_limit()")
+
+
+def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype, workspace_limit: int) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    w, held_w = _contiguous(weights, dtype)
+    held = held_w + _converted(src.shape, src.dtype, src.flags.c_contiguous, dtype)
+    _check_conversion(spec, "fwd", held, workspace_limit)
+    x, _ = _contiguous(src, dtype)
+    return _forward(spec, x, w, dtype=dtype, workspace_limit=workspace_limit, fixed=held, direction="fwd")
+
+
+def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, *, dtype,
+                       workspace_limit: int) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    fspec = flipped_spec(spec)
+    # (G*Og, Cg, *K) -> (G*Cg, Og, *K) with every kernel axis flipped: flipping them all
+    # reverses the flat tap index, so it is one reversed axis of T elements
+    g, og, cg, t = spec.groups, spec.ocg, spec.icg, math.prod(spec.kernel)
+    w = np.ascontiguousarray(weights.reshape(g, og, cg, t)[..., ::-1].swapaxes(1, 2), dtype=dtype)
+    held = w.nbytes + _converted(diff_dst.shape, diff_dst.dtype, diff_dst.flags.c_contiguous, dtype)
+    _check_conversion(spec, "bwd_data", held, workspace_limit)
+    dy, _ = _contiguous(diff_dst, dtype)
+    return _forward(fspec, dy, w.reshape((spec.ic, og) + spec.kernel), dtype=dtype,
+                    workspace_limit=workspace_limit, fixed=held, direction="bwd_data")

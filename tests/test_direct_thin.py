@@ -1,0 +1,239 @@
+"""The compiled thin-channel kernel (``algorithm="direct"`` on problems with more than one
+input channel per group, kernels/thin.py): fwd and bwd_data against the float64 reference
+on random stride-1 problems (1-3-D, groups, C_in != C_out, non-square non-symmetric
+kernels, dilations, padding, every remainder), determinism across threads, tiles and
+workspace caps, inputs untouched, and the errors of the keyword where it cannot run."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import convgrad as cg
+from convgrad import dispatch
+from convgrad.kernels import reference as ref
+from convgrad.kernels import thin
+from convgrad.spec import make_spec
+
+from .helpers import Tally, feasible, rel_err
+
+needs_numba = pytest.mark.skipif(not thin.available(), reason="numba is not installed (or CONVGRAD_NUMBA=0)")
+TALLY = Tally("direct thin-channel kernel vs float64 reference")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report(request):
+    yield
+    TALLY.report(request)
+
+
+def _spec(n, ic, oc, g, src, k, d, pb, pe):
+    return make_spec("test", mb=n, ic=ic, oc=oc, groups=g, src=src, kernel=k, strides=1, dilations=d,
+                     pads_begin=pb, pads_end=pe)
+
+
+def _kw(spec):
+    return dict(strides=spec.strides, dilations=spec.dilations, pads_begin=spec.pads_begin,
+                pads_end=spec.pads_end, groups=spec.groups)
+
+
+def _inputs(spec, rng, dtype=np.float64):
+    return (rng.standard_normal(spec.src_shape).astype(dtype), rng.standard_normal(spec.weights_shape).astype(dtype),
+            rng.standard_normal(spec.dst_shape).astype(dtype))
+
+
+def _both(spec, x, w, dy, **extra):
+    out = [cg.conv_forward(x, w, **_kw(spec), **extra)]
+    if thin.eligible(spec, "bwd_data"):
+        out.append(cg.conv_backward_data(dy, w, spec.src, **_kw(spec), **extra))
+    return out
+
+
+def _check(spec, rng, dtype=np.float64):
+    assert thin.eligible(spec, "fwd")
+    x, w, dy = _inputs(spec, rng, dtype)
+    got = _both(spec, x, w, dy, algorithm="direct")
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    want = [ref.conv_forward(spec, x64, w64), ref.conv_backward_data(spec, dy64, w64)]
+    t = int(np.prod(spec.kernel))
+    for name, a, b, red in zip(("fwd", "bwd_data"), got, want, (spec.icg * t, spec.ocg * t)):
+        assert a.dtype == dtype and a.shape == b.shape, (name, str(spec))
+        err = rel_err(a, b)
+        # float64: rounding only; float32: rounding grows with the reduction length
+        tol = 1e-12 if dtype == np.float64 else 2e-6 * np.sqrt(red)
+        TALLY.record((name, np.dtype(dtype).name, f"{spec.nsp}-D"), err)
+        assert err <= tol, (name, str(spec), err)
+
+
+def _random_spec(rng, nsp):
+    while True:
+        src = tuple(int(v) for v in rng.integers(1, 12, nsp))
+        k = tuple(int(v) for v in rng.integers(1, 5, nsp))
+        d = tuple(int(v) for v in rng.integers(1, 3, nsp))
+        pb = tuple(int(v) for v in rng.integers(0, 3, nsp))
+        pe = tuple(int(v) for v in rng.integers(0, 3, nsp))
+        if nsp > 1 and len(set(k)) == 1:                     # non-square kernels only
+            continue
+        g = int(rng.integers(1, 4))
+        icg = int(rng.integers(2, 7))
+        ocg = int(rng.choice([1, 2, 3, 4, 5, 7, 9]))
+        if icg * g == ocg * g:                               # C_in != C_out
+            continue
+        if feasible(src, k, d, pb, pe):
+            return _spec(int(rng.choice([1, 2, 3])), icg * g, ocg * g, g, src, k, d, pb, pe)
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("nsp", [1, 2, 3])
+def test_thin_matches_reference_random(nsp, dtype):
+    rng = np.random.default_rng(300 + 10 * nsp + (dtype == np.float32))
+    for _ in range(8):
+        _check(_random_spec(rng, nsp), rng, dtype)
+
+
+@needs_numba
+@pytest.mark.parametrize("extra", [0, 1, 2, 3])
+def test_thin_every_remainder_and_tile_edge(extra, monkeypatch):
+    """Output sizes around the register tile (R positions) and a small tile (so tiles
+    span images and rows), every ``(i + pb + pe - ek) % R`` value sampled."""
+    monkeypatch.setattr(thin, "MAX_TILE", 64)
+    monkeypatch.setattr(thin, "MIN_TILE", 64)
+    rng = np.random.default_rng(50 + extra)
+    for base in (15, 16, 17, 31, 33, 64, 65):
+        w_in = base + extra
+        _check(_spec(3, 6, 10, 2, (w_in,), (3,), (2,), (1,), (2,)), rng, np.float32)
+        _check(_spec(2, 5, 9, 1, (3, w_in), (2, 3), (1, 1), (0, 1), (1, 2)), rng)
+
+
+@needs_numba
+def test_thin_pads_larger_than_the_kernel_and_unit_shapes():
+    """Forward pads beyond ``(K-1)*d`` (outputs of pure padding; the data gradient then is
+    not a forward convolution and ``direct`` refuses it), unit axes, 1x1 kernels."""
+    rng = np.random.default_rng(5)
+    for spec in (_spec(2, 3, 5, 1, (4, 3), (2, 3), (1, 2), (3, 2), (2, 4)),
+                 _spec(1, 2, 1, 1, (1,), (1,), (1,), (0,), (0,)),
+                 _spec(3, 4, 6, 2, (9, 1, 5), (3, 1, 2), (2, 1, 3), (0, 0, 4), (4, 0, 0)),
+                 _spec(2, 32, 48, 2, (7, 6), (1, 1), (1, 1), (0, 0), (0, 0))):
+        for dt in (np.float64, np.float32):
+            _check(spec, rng, dt)
+
+
+@needs_numba
+def test_thin_bitwise_across_threads_tiles_caps_and_layouts(monkeypatch):
+    """Same bits with 1 or 2 threads, other tile sizes, a tight cap (one thread), and for
+    strided / read-only / Fortran / half inputs (converted)."""
+    rng = np.random.default_rng(7)
+    spec = _spec(3, 24, 20, 2, (23, 29), (3, 2), (1, 2), (1, 0), (2, 1))
+    x, w, dy = _inputs(spec, rng, np.float32)
+    monkeypatch.setattr(thin, "PARALLEL_MACS", 0)              # small problem: still use the pool
+    try:
+        cg.set_num_threads(1)
+        one = _both(spec, x, w, dy, algorithm="direct")
+        cg.set_num_threads(2)
+        two = _both(spec, x, w, dy, algorithm="direct")
+        xs = np.asfortranarray(x)
+        dys = np.repeat(dy, 2, axis=1)[:, ::2]                  # a strided view equal to dy
+        ro = [a.copy() for a in (x, w, dy)]
+        for a in ro:
+            a.flags.writeable = False
+        strided = _both(spec, xs, w, dys, algorithm="direct")
+        readonly = _both(spec, *ro, algorithm="direct")
+        cap = max(thin._scratch(thin._as_forward(spec, d), 4) + x.nbytes + dy.nbytes + w.nbytes
+                  for d in ("fwd", "bwd_data"))
+        tight = _both(spec, xs, w, dys, algorithm="direct", workspace_limit=cap)
+        for buffer_bytes in (1 << 10, 1 << 20):                 # 64-position and 4096-position tiles
+            monkeypatch.setattr(thin, "BUFFER_BYTES", buffer_bytes)
+            other = _both(spec, x, w, dy, algorithm="direct")
+            for a, b in zip(other, one):
+                np.testing.assert_array_equal(a, b)
+    finally:
+        cg.set_num_threads(None)
+    for got in (two, strided, readonly, tight):
+        for a, b in zip(got, one):
+            np.testing.assert_array_equal(a, b)
+
+
+@needs_numba
+def test_thin_half_types_round_once_and_inputs_not_modified():
+    rng = np.random.default_rng(9)
+    spec = _spec(2, 6, 4, 2, (7, 6, 5), (2, 3, 1), (2, 1, 1), (1, 0, 1), (0, 1, 0))
+    for dt in (np.float32, np.float64, np.float16, ml_dtypes.bfloat16):
+        x, w, dy = _inputs(spec, rng, dt)
+        copies = [a.copy() for a in (x, w, dy)]
+        got = _both(spec, x, w, dy, algorithm="direct")
+        for a, b in zip((x, w, dy), copies):
+            np.testing.assert_array_equal(a, b)
+        if np.dtype(dt).itemsize == 2:
+            want = _both(spec, x.astype(np.float32), w.astype(np.float32), dy.astype(np.float32), algorithm="direct")
+            for a, b in zip(got, want):
+                assert a.dtype == dt
+                np.testing.assert_array_equal(a, b.astype(dt))
+
+
+@needs_numba
+def test_thin_cap_too_small_raises_and_automatic_choice_falls_back():
+    spec = _spec(1, 8, 8, 1, (40, 40), (3, 3), (1, 1), (1, 1), (1, 1))
+    rng = np.random.default_rng(8)
+    x, w, dy = _inputs(spec, rng, np.float32)
+    with pytest.raises(cg.WorkspaceError, match="workspace limit"):
+        cg.conv_forward(x, w, **_kw(spec), algorithm="direct", workspace_limit=1000)
+    y = cg.conv_forward(x, w, **_kw(spec), workspace_limit=20_000)
+    assert rel_err(y, ref.conv_forward(spec, x.astype(np.float64), w.astype(np.float64))) <= 1e-5
+
+
+def test_thin_keyword_errors(monkeypatch):
+    """``direct`` refuses what neither of its kernels runs, naming the problem."""
+    rng = np.random.default_rng(10)
+    strided = make_spec("t", mb=1, ic=4, oc=6, groups=2, src=(7, 5), kernel=(3, 2), strides=(2, 1))
+    x, w, dy = _inputs(strided, rng, np.float32)
+    with pytest.raises(cg.ConvValueError, match=r"conv_forward: algorithm 'direct' expects a depthwise problem"
+                                                r".*strides \[2, 1\]"):
+        cg.conv_forward(x, w, strides=(2, 1), groups=2, algorithm="direct")
+    dense = _spec(1, 4, 6, 2, (6, 5), (3, 2), (1, 1), (0, 0), (0, 0))
+    x, w, dy = _inputs(dense, rng, np.float32)
+    with pytest.raises(cg.ConvValueError, match=r"conv_backward_weights: algorithm 'direct' expects a depthwise "
+                                                r"problem .* for bwd_weights"):
+        cg.conv_backward_weights(x, dy, dense.kernel, **_kw(dense), algorithm="direct")
+    big_pad = _spec(1, 4, 6, 2, (6, 5), (3, 2), (1, 1), (3, 0), (0, 0))   # pad 3 > (K-1)*d = 2
+    x, w, dy = _inputs(big_pad, rng, np.float32)
+    with pytest.raises(cg.ConvValueError, match=r"conv_backward_data: algorithm 'direct' expects"):
+        cg.conv_backward_data(dy, w, big_pad.src, **_kw(big_pad), algorithm="direct")
+    monkeypatch.setenv("CONVGRAD_NUMBA", "0")
+    assert not thin.available()
+    with pytest.raises(cg.ConvValueError, match=r"conv_forward: algorithm 'direct' expects numba"):
+        cg.conv_forward(*_inputs(dense, rng, np.float32)[:2], **_kw(dense), algorithm="direct")
+    for direction in dispatch.DIRECTIONS:
+        assert cg.choose_algorithm(dense, direction) in ("taps", "im2col")
+
+
+@needs_numba
+def test_thin_dispatch_rule():
+    """``choose_algorithm`` picks the thin kernel where it was measured faster (float32,
+    stride 1, fwd and bwd_data, kernels of several taps, at most THIN_MAX_CHANNELS channels
+    per group, dense enough grids) and keeps the GEMM lowerings elsewhere."""
+    wavenet = make_spec("t", mb=1, ic=32, oc=32, groups=1, src=(84350,), kernel=(2,), strides=1)
+    grouped = make_spec("t", mb=1, ic=128, oc=128, groups=8, src=(165, 165), kernel=(3, 3), strides=1,
+                        pads_begin=1, pads_end=1)
+    for spec in (wavenet, grouped):
+        assert cg.choose_algorithm(spec, "fwd") == cg.choose_algorithm(spec, "bwd_data") == "direct"
+        assert cg.choose_algorithm(spec, "bwd_weights") in ("taps", "im2col")
+        assert cg.choose_algorithm(spec, "fwd", direct=False) in ("taps", "im2col")
+        assert cg.choose_algorithm(spec, "fwd", np.float16) == "direct"       # computed in float32
+        assert cg.choose_algorithm(spec, "fwd", np.float64) in ("taps", "im2col")   # the tile spills
+    gemm_cases = (
+        make_spec("t", mb=1, ic=32, oc=32, groups=1, src=(842,), kernel=(1,), strides=1),          # 1x1
+        make_spec("t", mb=1, ic=256, oc=64, groups=1, src=(20, 20), kernel=(3, 3), strides=1),    # wide
+        make_spec("t", mb=1, ic=16, oc=16, groups=1, src=(20, 20), kernel=(3, 3), strides=2),     # strided
+        make_spec("t", mb=4, ic=16, oc=16, groups=1, src=(4, 4), kernel=(3, 3), strides=1,
+                  pads_begin=1, pads_end=1),                                                       # sparse grid
+    )
+    for spec in gemm_cases:
+        for direction in ("fwd", "bwd_data"):
+            assert cg.choose_algorithm(spec, direction) in ("taps", "im2col"), (str(spec), direction)
+    # a data gradient onto a tiny latent: its forward view is a huge grid with one output
+    latent = make_spec("t", mb=2, ic=8, oc=16, groups=1, src=(1, 1, 1), kernel=(8, 8, 8), strides=1,
+                       pads_begin=7, pads_end=7)
+    assert cg.choose_algorithm(latent, "bwd_data") in ("taps", "im2col")
+    assert dispatch.THIN_MAX_CHANNELS >= 32
