@@ -212,6 +212,58 @@ def forward(x, xc0, w, y, yc0, c0, c1, geo):
 
 
 @njit(nogil=True, cache=True)
+def _write_dx(dxc, dp, total, q, nres, loc_r, loc_q, geo, row_map):
+    """dxc (D, H, W) of one channel from its phase grids ``dp`` (see backward_data)."""
+    ins2 = dxc.shape[2]
+    s2 = geo[2]
+    row_j0, row_q0, row_cnt = row_map[0], row_map[1], row_map[2]
+    row_gaps = row_cnt.sum() < ins2
+    pa = 0 if row_j0[0] <= row_j0[nres[2] - 1] else 1           # the phase of the first element
+    pb = 1 - pa
+    pair = s2 == 2 and nres[2] == 2 and row_cnt[pa] > 0 and row_cnt[pb] > 0 \
+        and row_j0[pb] == row_j0[pa] + 1 and row_cnt[pb] <= row_cnt[pa] <= row_cnt[pb] + 1
+    n_pairs = row_cnt[pb] if pair else 0
+    for a in range(dxc.shape[0]):
+        for b in range(dxc.shape[1]):
+            row = dxc[a, b]
+            if loc_r[0, a] < 0 or loc_r[1, b] < 0:
+                for j in range(ins2):
+                    row[j] = 0
+                continue
+            pre = (loc_r[0, a] * nres[1] + loc_r[1, b]) * nres[2]
+            cell = (loc_q[0, a] * q[1] + loc_q[1, b]) * q[2]
+            if s2 == 1:                          # one phase along the row: a contiguous copy
+                valid = min(ins2, q[2] - geo[8])
+                src = dp[pre * total + cell + geo[8]:pre * total + cell + geo[8] + valid]
+                for j in range(valid):
+                    row[j] = src[j]
+                for j in range(valid, ins2):
+                    row[j] = 0
+                continue
+            if row_gaps:
+                for j in range(ins2):
+                    row[j] = 0
+            if pair:                             # stride 2, both phases: one interleaving loop,
+                fa = (pre + pa) * total + cell + row_q0[pa]      # which vectorizes (a store
+                fb = (pre + pb) * total + cell + row_q0[pb]      # with gaps does not)
+                src_a, src_b = dp[fa:fa + row_cnt[pa]], dp[fb:fb + row_cnt[pb]]
+                dst = row[row_j0[pa]:]
+                for t in range(n_pairs):
+                    dst[2 * t] = src_a[t]
+                    dst[2 * t + 1] = src_b[t]
+                for t in range(n_pairs, row_cnt[pa]):
+                    dst[2 * t] = src_a[t]
+                continue
+            for i2 in range(nres[2]):
+                f = (pre + i2) * total + cell + row_q0[i2]
+                cnt = row_cnt[i2]
+                src = dp[f:f + cnt]
+                dst = row[row_j0[i2]:]
+                for t in range(cnt):
+                    dst[t * s2] = src[t]
+
+
+@njit(nogil=True, cache=True)
 def backward_data(dy, dyc0, w, dx, dxc0, c0, c1, geo):
     ins = np.array([dx.shape[2], dx.shape[3], dx.shape[4]])
     outs = np.array([dy.shape[2], dy.shape[3], dy.shape[4]])
@@ -240,6 +292,17 @@ def backward_data(dy, dyc0, w, dx, dxc0, c0, c1, geo):
             if rank[a, r] >= 0 and qq < q[a]:
                 loc_r[a, i] = rank[a, r]
                 loc_q[a, i] = qq
+    # along a row, the dx elements of w-phase i2 are j = j0 + s*t at cell q0 + t, t < cnt
+    # (row_map[:, i2] = j0, q0, cnt): one strided copy per phase instead of a lookup per
+    # element; cells of unused residues or past the grid are zero
+    row_map = np.zeros((3, nres[2]), np.int64)
+    for j in range(ins[2]):
+        r2 = loc_r[2, j]
+        if r2 >= 0:
+            if row_map[2, r2] == 0:
+                row_map[0, r2] = j
+                row_map[1, r2] = loc_q[2, j]
+            row_map[2, r2] += 1
     for n in range(dx.shape[0]):
         for c in range(c0, c1):
             dp[:] = 0
@@ -250,27 +313,7 @@ def backward_data(dy, dyc0, w, dx, dxc0, c0, c1, geo):
                 for ph in range(nph):
                     _taps_into(dp[ph * total:(ph + 1) * total], total, dyw, max_off, wo,
                                order[starts[ph]:starts[ph + 1]], tap_phase, tap_off, -1, 0)
-            dxc = dx[n, c - dxc0]
-            for a in range(ins[0]):
-                for b in range(ins[1]):
-                    row = dxc[a, b]
-                    if loc_r[0, a] < 0 or loc_r[1, b] < 0:
-                        for j in range(ins[2]):
-                            row[j] = 0
-                        continue
-                    pre = (loc_r[0, a] * nres[1] + loc_r[1, b]) * nres[2]
-                    cell = (loc_q[0, a] * q[1] + loc_q[1, b]) * q[2]
-                    if geo[2] == 1:                   # one phase along the row: a contiguous copy
-                        valid = min(ins[2], q[2] - geo[8])
-                        src = dp[pre * total + cell + geo[8]:pre * total + cell + geo[8] + valid]
-                        for j in range(valid):
-                            row[j] = src[j]
-                        for j in range(valid, ins[2]):
-                            row[j] = 0
-                        continue
-                    for j in range(ins[2]):
-                        r2 = loc_r[2, j]
-                        row[j] = dp[(pre + r2) * total + cell + loc_q[2, j]] if r2 >= 0 else 0
+            _write_dx(dx[n, c - dxc0], dp, total, q, nres, loc_r, loc_q, geo, row_map)
 
 
 @njit(nogil=True, cache=True)
