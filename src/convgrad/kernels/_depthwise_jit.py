@@ -85,11 +85,71 @@ def _setup(ins, outs, ks, geo):
 
 
 @njit(nogil=True, cache=True)
+def _build_phases_pairs(xc, buf, q, res, nres, geo):
+    """``_build_phases`` for stride 2 along W with both residues used: the two phase rows
+    of an input row are filled in one de-interleaving loop (cell j of residue r reads
+    column 2*j + r - p; a load with gaps does not vectorize, a full pair does)."""
+    d_in, h_in, w_in = xc.shape[0], xc.shape[1], xc.shape[2]
+    q1, q2 = q[1], q[2]
+    plane = q[0] * q1 * q2
+    p2 = geo[8]
+    f0 = -p2                                     # residues 0 and 1: columns 2*j - p, 2*j + 1 - p
+    lo0 = max(0, -(f0 // 2))
+    lo1 = max(0, -((f0 + 1) // 2))
+    hi0 = max(lo0, min(q2, (w_in - 1 - f0) // 2 + 1))
+    hi1 = max(lo1, min(q2, (w_in - 2 - f0) // 2 + 1))
+    lo = max(lo0, lo1)
+    hi = max(lo, min(hi0, hi1))
+    for i0 in range(nres[0]):
+        for i1 in range(nres[1]):
+            ph = (i0 * nres[1] + i1) * 2
+            r0, r1 = res[0, i0], res[1, i1]
+            for a in range(q[0]):
+                i_d = a * geo[0] + r0 - geo[6]
+                for b in range(q1):
+                    i_h = b * geo[1] + r1 - geo[7]
+                    c0 = ph * plane + (a * q1 + b) * q2
+                    c1 = c0 + plane
+                    row0 = buf[c0:c0 + q2]
+                    row1 = buf[c1:c1 + q2]
+                    if i_d < 0 or i_d >= d_in or i_h < 0 or i_h >= h_in:
+                        for j in range(q2):
+                            row0[j] = 0
+                            row1[j] = 0
+                        continue
+                    xr = xc[i_d, i_h]
+                    for j in range(lo0):
+                        row0[j] = 0
+                    for j in range(hi0, q2):
+                        row0[j] = 0
+                    for j in range(lo1):
+                        row1[j] = 0
+                    for j in range(hi1, q2):
+                        row1[j] = 0
+                    for j in range(lo0, lo):
+                        row0[j] = xr[2 * j + f0]
+                    for j in range(hi, hi0):
+                        row0[j] = xr[2 * j + f0]
+                    for j in range(lo1, lo):
+                        row1[j] = xr[2 * j + f0 + 1]
+                    for j in range(hi, hi1):
+                        row1[j] = xr[2 * j + f0 + 1]
+                    d0, d1 = row0[lo:hi], row1[lo:hi]
+                    src = xr[2 * lo + f0:]
+                    for j in range(hi - lo):
+                        d0[j] = src[2 * j]
+                        d1[j] = src[2 * j + 1]
+
+
+@njit(nogil=True, cache=True)
 def _build_phases(xc, buf, q, rank, res, nres, geo):
     """buf[phase, flat q] = x_pad[q*s + r] of one channel ``xc`` (D, H, W); zero in the padding."""
     d_in, h_in, w_in = xc.shape[0], xc.shape[1], xc.shape[2]
     q1, q2 = q[1], q[2]
     plane = q[0] * q1 * q2
+    if geo[2] == 2 and nres[2] == 2:
+        _build_phases_pairs(xc, buf, q, res, nres, geo)
+        return
     for i0 in range(nres[0]):
         for i1 in range(nres[1]):
             for i2 in range(nres[2]):
