@@ -38,14 +38,22 @@ from ..errors import WorkspaceError
 from ..spec import ConvSpec
 from .gemm import geometry, run_each
 
-# Below this many multiply-adds a call runs on the calling thread alone: waking a pool
-# thread costs 0.1-0.2 ms on the 2-core development VM, about 0.5M multiply-adds.
-PARALLEL_MACS = 1 << 18
-# The channels-last loops run about 3x more multiply-adds per second than the phase grids
-# on small images, so a pool thread pays off only on twice as much work there (measured,
-# 2 threads: 7x7 at 0.45M multiply-adds 0.40 -> 0.27 ms on one thread; 14x14 weight
-# gradient at 0.9M still faster on two).
-CL_PARALLEL_FACTOR = 2
+# Below this many multiply-adds a call runs on the calling thread alone. Waking a pool
+# thread costs 0.1-0.15 ms on the 2-core development VM (run_each of two empty blocks:
+# 0.09-0.12 ms; two 0.09 ms blocks: 0.19 ms serial, 0.20 ms on two threads; two 0.37 ms
+# blocks: 0.74 -> 0.51 ms), so a second thread pays off from about 0.25 ms of one-thread
+# work, which these loops reach at 1.5-2M multiply-adds (mobilenet depthwise layers, whole
+# public call, 2 threads / 1: 512x14^2 fwd 0.35 / 0.30 ms at 0.9M, 256x28^2 even at 1.8M,
+# 128x56^2 and 32x112^2 at 3.6M 0.39 / 0.43 and 0.42 / 0.43 ms).
+PARALLEL_MACS = 3 << 19
+# Per loop nest and direction, the multiple of PARALLEL_MACS from which a call uses the
+# pool. The channels-last forward and data gradient run about 3x more multiply-adds per
+# second than the phase grids on small images, so a pool thread pays off only on twice as
+# much work there; both weight gradients run 2-3x fewer per second than the forward
+# (phase grids: 128x56^2/2 at 0.9M, 0.50 ms on 2 threads, 0.56 on 1; channels-last:
+# 256x28^2 at 1.8M, 0.59 / 0.67 ms, but 512x14^2 at 0.9M 0.42 / 0.37 ms).
+PARALLEL_FACTOR = {False: {"fwd": 1.0, "bwd_data": 1.0, "bwd_weights": 0.5},
+                   True: {"fwd": 2.0, "bwd_data": 2.0, "bwd_weights": 1.0}}
 # Chunks per worker thread (threads take the next chunk when they are free, so a worker
 # that wakes late takes fewer) and the fewest multiply-adds worth one chunk.
 CHUNKS_PER_WORKER = 4
@@ -122,7 +130,7 @@ def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_li
     """
     c = spec.ic
     per_channel = _macs_per_channel(spec)
-    serial = PARALLEL_MACS * (CL_PARALLEL_FACTOR if unit > 1 else 1)
+    serial = PARALLEL_MACS * PARALLEL_FACTOR[unit > 1][direction]
     workers = 1 if per_channel * c < serial else max(1, min(c, threads.get_num_threads()))
     # one thread: one chunk (each chunk is a compiled call, about 10 us of argument unboxing)
     chunk = c if workers == 1 else min(-(-c // workers), max(-(-c // (workers * CHUNKS_PER_WORKER)),
