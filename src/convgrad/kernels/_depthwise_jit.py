@@ -460,6 +460,9 @@ def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
 #
 # Order of every sum: fwd, taps row-major; bwd_data, m then taps row-major; bwd_weights,
 # images then output positions row-major (one accumulator per weight, in the compute type).
+# The innermost loops always run all CB lanes (a constant trip count: no remainder loop,
+# 1.x-2x faster, measured); the lanes past a short last block hold zeros or earlier
+# channels' values, and what is computed from them is never written out.
 # ---------------------------------------------------------------------------------------
 
 from .depthwise import CB_CHANNELS as CB     # channels per transposed block
@@ -494,9 +497,9 @@ def forward_cl(x, xc0, w, y, yc0, c0, c1, geo):
     xf = x.reshape((x.shape[0], x.shape[1], d_in * h_in * w_in))
     yf = y.reshape((y.shape[0], y.shape[1], od_n * oh_n * ow_n))
     wf = w.reshape((w.shape[0], n_taps))
-    xt = np.empty((d_in * h_in * w_in, CB), x.dtype)
+    xt = np.zeros((d_in * h_in * w_in, CB), x.dtype)
     yt = np.empty((od_n * oh_n * ow_n, CB), y.dtype)
-    wt = np.empty((n_taps, CB), w.dtype)
+    wt = np.zeros((n_taps, CB), w.dtype)
     for n in range(n_img):
         for b0 in range(c0, c1, CB):
             cnt = min(CB, c1 - b0)
@@ -524,7 +527,7 @@ def forward_cl(x, xc0, w, y, yc0, c0, c1, geo):
                                             continue
                                         ip = (i_d * h_in + i_h) * w_in + i_w
                                         t = (kd * kh_n + kh) * kw_n + kw
-                                        for j in range(cnt):
+                                        for j in range(CB):
                                             yt[op, j] += wt[t, j] * xt[ip, j]
                 _from_rows(yt, cnt, yf[n], b0 * mult + m - yc0, mult)
 
@@ -540,9 +543,9 @@ def backward_data_cl(dy, dyc0, w, dx, dxc0, c0, c1, geo):
     dyf = dy.reshape((dy.shape[0], dy.shape[1], od_n * oh_n * ow_n))
     dxf = dx.reshape((dx.shape[0], dx.shape[1], d_in * h_in * w_in))
     wf = w.reshape((w.shape[0], n_taps))
-    dyt = np.empty((od_n * oh_n * ow_n, CB), dy.dtype)
+    dyt = np.zeros((od_n * oh_n * ow_n, CB), dy.dtype)
     dxt = np.empty((d_in * h_in * w_in, CB), dx.dtype)
-    wt = np.empty((n_taps, CB), w.dtype)
+    wt = np.zeros((n_taps, CB), w.dtype)
     for n in range(n_img):
         for b0 in range(c0, c1, CB):
             cnt = min(CB, c1 - b0)
@@ -573,7 +576,7 @@ def backward_data_cl(dy, dyc0, w, dx, dxc0, c0, c1, geo):
                                             continue
                                         op = ((t_d // geo[0]) * oh_n + t_h // geo[1]) * ow_n + t_w // geo[2]
                                         t = (kd * kh_n + kh) * kw_n + kw
-                                        for j in range(cnt):
+                                        for j in range(CB):
                                             dxt[ip, j] += wt[t, j] * dyt[op, j]
             _from_rows(dxt, cnt, dxf[n], b0 - dxc0, 1)
 
@@ -589,8 +592,8 @@ def backward_weights_cl(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
     xf = x.reshape((x.shape[0], x.shape[1], d_in * h_in * w_in))
     dyf = dy.reshape((dy.shape[0], dy.shape[1], od_n * oh_n * ow_n))
     dwf = dw_out.reshape((dw_out.shape[0], n_taps))
-    xt = np.empty((d_in * h_in * w_in, CB), x.dtype)
-    dyt = np.empty((mult, od_n * oh_n * ow_n, CB), dy.dtype)
+    xt = np.zeros((d_in * h_in * w_in, CB), x.dtype)
+    dyt = np.zeros((mult, od_n * oh_n * ow_n, CB), dy.dtype)
     acc = np.empty((mult, n_taps, CB), dw_out.dtype)
     for b0 in range(c0, c1, CB):
         cnt = min(CB, c1 - b0)
@@ -621,7 +624,7 @@ def backward_weights_cl(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
                                             continue
                                         ip = (i_d * h_in + i_h) * w_in + i_w
                                         t = (kd * kh_n + kh) * kw_n + kw
-                                        for j in range(cnt):
+                                        for j in range(CB):
                                             acc[m, t, j] += dyt[m, op, j] * xt[ip, j]
         for m in range(mult):
             for t in range(n_taps):
