@@ -382,7 +382,21 @@ def _lanes(acc, g, buf, tap_phase, tap_off, plane, span):
     (blocks of ``lanes = acc.shape[1]`` positions; three taps per loop over a block)."""
     n_taps = acc.shape[0]
     lanes = acc.shape[1]
-    for p0 in range(0, span, lanes):
+    # four whole blocks per pass over a tap's lanes: the same additions in the same order
+    # (block after block), a quarter of the stores to ``acc``
+    quads = span // (4 * lanes)
+    for b in range(quads):
+        p0 = 4 * lanes * b
+        g0, g1 = g[p0:p0 + lanes], g[p0 + lanes:p0 + 2 * lanes]
+        g2, g3 = g[p0 + 2 * lanes:p0 + 3 * lanes], g[p0 + 3 * lanes:p0 + 4 * lanes]
+        for i in range(n_taps):
+            f = tap_phase[i] * plane + tap_off[i] + p0
+            a = acc[i]
+            s0, s1 = buf[f:f + lanes], buf[f + lanes:f + 2 * lanes]
+            s2, s3 = buf[f + 2 * lanes:f + 3 * lanes], buf[f + 3 * lanes:f + 4 * lanes]
+            for j in range(lanes):
+                a[j] = (((a[j] + g0[j] * s0[j]) + g1[j] * s1[j]) + g2[j] * s2[j]) + g3[j] * s3[j]
+    for p0 in range(4 * lanes * quads, span, lanes):
         cnt = min(lanes, span - p0)
         gg = g[p0:p0 + cnt]
         i = 0
@@ -420,7 +434,6 @@ def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
     span = max(span, 0)
     lanes = max(1, min(LANES, span))
     acc = np.empty((mult, n_taps, lanes), dw_out.dtype)
-    red = np.empty(FOLD, np.float64)
     dw2 = dw_out.reshape((dw_out.shape[0], n_taps))
     for c in range(c0, c1):
         acc[:] = 0
@@ -434,18 +447,23 @@ def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
             for t in range(n_taps):
                 # lanes folded into FOLD float64 sums (lane j into j % FOLD, ascending j),
                 # which are then added left to right: a fixed order that vectorizes
+                # (four local sums, not an array: no store-to-load chain through memory)
                 part = acc[m, t]
-                red[:] = 0
+                r0 = r1 = r2 = r3 = 0.0
                 whole = lanes // FOLD
                 for i in range(whole):
-                    for k in range(FOLD):
-                        red[k] += part[i * FOLD + k]
-                for k in range(lanes - whole * FOLD):
-                    red[k] += part[whole * FOLD + k]
-                total_t = 0.0
-                for k in range(FOLD):
-                    total_t += red[k]
-                wo[t] = total_t
+                    r0 += part[i * FOLD]
+                    r1 += part[i * FOLD + 1]
+                    r2 += part[i * FOLD + 2]
+                    r3 += part[i * FOLD + 3]
+                rest = lanes - whole * FOLD
+                if rest > 0:
+                    r0 += part[whole * FOLD]
+                if rest > 1:
+                    r1 += part[whole * FOLD + 1]
+                if rest > 2:
+                    r2 += part[whole * FOLD + 2]
+                wo[t] = ((r0 + r1) + r2) + r3
 
 
 # ---------------------------------------------------------------------------------------
