@@ -564,6 +564,13 @@ def backward_data_cl(dy, dyc0, w, dx, dxc0, c0, c1, geo):
     dyt = np.zeros((od_n * oh_n * ow_n, CB), dy.dtype)
     dxt = np.empty((d_in * h_in * w_in, CB), dx.dtype)
     wt = np.zeros((n_taps, CB), w.dtype)
+    # dy column of (dx column, kw), -1 when none: no divisions in the innermost loops
+    col_of = -np.ones((w_in, kw_n), np.int64)
+    for i_w in range(w_in):
+        for kw in range(kw_n):
+            t_w = i_w + geo[8] - kw * geo[5]
+            if t_w >= 0 and t_w % geo[2] == 0 and t_w // geo[2] < ow_n:
+                col_of[i_w, kw] = t_w // geo[2]
     for n in range(n_img):
         for b0 in range(c0, c1, CB):
             cnt = min(CB, c1 - b0)
@@ -586,13 +593,14 @@ def backward_data_cl(dy, dyc0, w, dx, dxc0, c0, c1, geo):
                                 t_h = i_h + geo[7] - kh * geo[4]
                                 if t_h < 0 or t_h % geo[1] != 0 or t_h // geo[1] >= oh_n:
                                     continue
+                                row_op = ((t_d // geo[0]) * oh_n + t_h // geo[1]) * ow_n
                                 for i_w in range(w_in):
                                     ip = (i_d * h_in + i_h) * w_in + i_w
                                     for kw in range(kw_n):
-                                        t_w = i_w + geo[8] - kw * geo[5]
-                                        if t_w < 0 or t_w % geo[2] != 0 or t_w // geo[2] >= ow_n:
+                                        o_w = col_of[i_w, kw]
+                                        if o_w < 0:
                                             continue
-                                        op = ((t_d // geo[0]) * oh_n + t_h // geo[1]) * ow_n + t_w // geo[2]
+                                        op = row_op + o_w
                                         t = (kd * kh_n + kh) * kw_n + kw
                                         for j in range(CB):
                                             dxt[ip, j] += wt[t, j] * dyt[op, j]
