@@ -505,6 +505,25 @@ def _from_rows(src, cnt, dst, c_lo, step):
 
 
 @njit(nogil=True, cache=True)
+def _ow_ranges(w_in, ow_n, kw_n, geo):
+    """Per kw, the outputs ow whose input column ow*s + kw*d - p lies in [0, w_in): [lo, hi)."""
+    lo = np.zeros(kw_n, np.int64)
+    hi = np.zeros(kw_n, np.int64)
+    for kw in range(kw_n):
+        first = -1
+        last = -1
+        for ow in range(ow_n):
+            i_w = ow * geo[2] + kw * geo[5] - geo[8]
+            if 0 <= i_w < w_in:
+                if first < 0:
+                    first = ow
+                last = ow
+        if first >= 0:
+            lo[kw], hi[kw] = first, last + 1
+    return lo, hi
+
+
+@njit(nogil=True, cache=True)
 def forward_cl(x, xc0, w, y, yc0, c0, c1, geo):
     n_img = x.shape[0]
     d_in, h_in, w_in = x.shape[2], x.shape[3], x.shape[4]
@@ -518,6 +537,7 @@ def forward_cl(x, xc0, w, y, yc0, c0, c1, geo):
     xt = np.zeros((d_in * h_in * w_in, CB), x.dtype)
     yt = np.empty((od_n * oh_n * ow_n, CB), y.dtype)
     wt = np.zeros((n_taps, CB), w.dtype)
+    ow_lo, ow_hi = _ow_ranges(w_in, ow_n, kw_n, geo)
     for n in range(n_img):
         for b0 in range(c0, c1, CB):
             cnt = min(CB, c1 - b0)
@@ -537,14 +557,13 @@ def forward_cl(x, xc0, w, y, yc0, c0, c1, geo):
                                 i_h = oh * geo[1] + kh * geo[4] - geo[7]
                                 if i_h < 0 or i_h >= h_in:
                                     continue
-                                for ow in range(ow_n):
-                                    op = (od * oh_n + oh) * ow_n + ow
-                                    for kw in range(kw_n):
-                                        i_w = ow * geo[2] + kw * geo[5] - geo[8]
-                                        if i_w < 0 or i_w >= w_in:
-                                            continue
-                                        ip = (i_d * h_in + i_h) * w_in + i_w
-                                        t = (kd * kh_n + kh) * kw_n + kw
+                                row_op = (od * oh_n + oh) * ow_n
+                                row_ip = (i_d * h_in + i_h) * w_in - geo[8]
+                                for kw in range(kw_n):          # (per output: taps row-major still)
+                                    t = (kd * kh_n + kh) * kw_n + kw
+                                    for ow in range(ow_lo[kw], ow_hi[kw]):
+                                        op = row_op + ow
+                                        ip = row_ip + ow * geo[2] + kw * geo[5]
                                         for j in range(CB):
                                             yt[op, j] += wt[t, j] * xt[ip, j]
                 _from_rows(yt, cnt, yf[n], b0 * mult + m - yc0, mult)
