@@ -151,6 +151,12 @@ def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_li
 def _scratch(spec: ConvSpec, direction: str, itemsize: int) -> int:
     """Bytes the compiled loops allocate per call (per thread): the phase grids of one
     channel, one wide channel of dst / diff_dst, and the weight-gradient lanes."""
+    return _scratch_bytes(spec, direction, itemsize, channels_last(spec, direction), CB_CHANNELS, LANES)
+
+
+@functools.lru_cache(maxsize=256)
+def _scratch_bytes(spec: ConvSpec, direction: str, itemsize: int, cl: bool, cb: int, lanes: int) -> int:
+    # cached (asked twice per call, 7 us each): the module constants it reads are arguments
     geom = geometry(spec)
     total = math.prod(geom.q)
     grids = len(geom.phases) * total
@@ -160,10 +166,10 @@ def _scratch(spec: ConvSpec, direction: str, itemsize: int) -> int:
     elif direction == "bwd_data":
         elems = grids + geom.max_off + total + 6 * max(spec.src)     # + the dx cell map (int64)
     else:
-        elems = grids + total + spec.ocg * taps * min(LANES, total) + 16
-    if channels_last(spec, direction):   # transposed blocks of src, dst (all multipliers), weights
-        elems = CB_CHANNELS * (math.prod(spec.src)
-                               + spec.ocg * math.prod(spec.dst) + spec.ocg * taps)
+        elems = grids + total + spec.ocg * taps * min(lanes, total) + 16
+    if cl:      # transposed blocks of src, dst (all multipliers), weights; the column tables
+        elems = cb * (math.prod(spec.src) + spec.ocg * math.prod(spec.dst) + spec.ocg * taps) \
+            + 2 * (max(spec.src) + 2) * max(spec.kernel)
     return int(elems) * itemsize + 1024
 
 
