@@ -213,14 +213,34 @@ def _place(yc, wide, base, q):
 
 
 @njit(nogil=True, cache=True)
-def _taps_into(acc, n, srcs, base, w, taps, tap_phase, tap_off, sign, plane):
-    """For the listed taps in order: acc[p] += w[t] * srcs[phase(t)*plane + base + sign*off(t) + p], p < n.
+def _taps_into(acc, n, srcs, base, w, taps, tap_phase, tap_off, sign, plane, first):
+    """For the listed taps in order: acc[p] += w[t] * srcs[phase(t)*plane + base + sign*off(t) + p], p < n;
+    with ``first``, acc starts at zero (and is not read: ``0 + x`` is ``x``, so the first
+    product is stored as it is; only the sign of an exact zero can differ from adding).
 
     ``srcs`` is one flat buffer of phase planes (fwd) or the padded wide dy (bwd_data,
     ``plane`` 0). Consecutive taps are applied three per loop, same operations and order.
     """
     i = 0
     nt = taps.shape[0]
+    if first and nt > 0:
+        t0 = taps[0]
+        f0 = tap_phase[t0] * plane + base + sign * tap_off[t0]
+        w0 = w[t0]
+        a = srcs[f0:f0 + n]
+        if nt >= 3:
+            t1, t2 = taps[1], taps[2]
+            f1 = tap_phase[t1] * plane + base + sign * tap_off[t1]
+            f2 = tap_phase[t2] * plane + base + sign * tap_off[t2]
+            w1, w2 = w[t1], w[t2]
+            b, c = srcs[f1:f1 + n], srcs[f2:f2 + n]
+            for p in range(n):
+                acc[p] = (w0 * a[p] + w1 * b[p]) + w2 * c[p]
+            i = 3
+        else:
+            for p in range(n):
+                acc[p] = w0 * a[p]
+            i = 1
     while i + 3 <= nt:
         t0, t1, t2 = taps[i], taps[i + 1], taps[i + 2]
         f0 = tap_phase[t0] * plane + base + sign * tap_off[t0]
@@ -260,8 +280,7 @@ def forward(x, xc0, w, y, yc0, c0, c1, geo):
             for m in range(mult):
                 o = c * mult + m
                 wo = w2[o]
-                yw[:] = 0
-                _taps_into(yw, span, buf, 0, wo, taps, tap_phase, tap_off, 1, total)
+                _taps_into(yw, span, buf, 0, wo, taps, tap_phase, tap_off, 1, total, True)
                 yo = y[n, o - yc0]
                 for a in range(outs[0]):
                     for b in range(outs[1]):
@@ -365,14 +384,13 @@ def backward_data(dy, dyc0, w, dx, dxc0, c0, c1, geo):
             row_map[2, r2] += 1
     for n in range(dx.shape[0]):
         for c in range(c0, c1):
-            dp[:] = 0
             for m in range(mult):
                 o = c * mult + m
                 _place(dy[n, o - dyc0], dyw, max_off, q)
                 wo = w2[o]
                 for ph in range(nph):
                     _taps_into(dp[ph * total:(ph + 1) * total], total, dyw, max_off, wo,
-                               order[starts[ph]:starts[ph + 1]], tap_phase, tap_off, -1, 0)
+                               order[starts[ph]:starts[ph + 1]], tap_phase, tap_off, -1, 0, m == 0)
             _write_dx(dx[n, c - dxc0], dp, total, q, nres, loc_r, loc_q, geo, row_map)
 
 
