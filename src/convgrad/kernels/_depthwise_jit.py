@@ -32,8 +32,8 @@ the same operations in the same order as three passes, a third of the traffic on
 
 Order of every sum (fixed, independent of the chunking and of the thread count): fwd, taps
 row-major; bwd_data, ``m`` then the taps of the element's phase row-major; bwd_weights,
-per lane ``p % LANES`` over images then ``p``, then lane ``j`` into float64 sum
-``j % FOLD`` in ascending ``j``, then those sums left to right.
+per lane ``p % LANES`` over images then ``p``, then the lanes folded in halves (lane ``j``
+plus lane ``j + ceil(width/2)``) down to FOLD, added left to right in float64.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from numba import njit
 
 from .depthwise import LANES     # partial sums per weight-gradient tap (one per position p % LANES)
 
-FOLD = 4         # float64 sums the lanes are folded into (one vector of doubles)
+FOLD = 4         # lanes left by the halving fold of the weight gradient, added in float64
 
 
 @njit(nogil=True, cache=True)
@@ -463,25 +463,22 @@ def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
         for m in range(mult):
             wo = dw2[c * mult + m]
             for t in range(n_taps):
-                # lanes folded into FOLD float64 sums (lane j into j % FOLD, ascending j),
-                # which are then added left to right: a fixed order that vectorizes
-                # (four local sums, not an array: no store-to-load chain through memory)
+                # lanes folded in halves (lane j += lane j + h, h = ceil(width / 2), in
+                # the compute type: vector adds) down to FOLD, which are added left to
+                # right in float64 (a sum per lane into FOLD float64 sums ran 64 dependent
+                # additions per tap: a quarter of the time on 28x28 channels)
                 part = acc[m, t]
-                r0 = r1 = r2 = r3 = 0.0
-                whole = lanes // FOLD
-                for i in range(whole):
-                    r0 += part[i * FOLD]
-                    r1 += part[i * FOLD + 1]
-                    r2 += part[i * FOLD + 2]
-                    r3 += part[i * FOLD + 3]
-                rest = lanes - whole * FOLD
-                if rest > 0:
-                    r0 += part[whole * FOLD]
-                if rest > 1:
-                    r1 += part[whole * FOLD + 1]
-                if rest > 2:
-                    r2 += part[whole * FOLD + 2]
-                wo[t] = ((r0 + r1) + r2) + r3
+                width = lanes
+                while width > FOLD:
+                    h = (width + 1) // 2
+                    lo, hi = part[:width - h], part[h:width]
+                    for j in range(width - h):
+                        lo[j] += hi[j]
+                    width = h
+                total_t = 0.0
+                for k in range(width):
+                    total_t += part[k]
+                wo[t] = total_t
 
 
 # ---------------------------------------------------------------------------------------
