@@ -108,24 +108,13 @@ def _build_phases_pairs(xc, buf, q, res, nres, geo):
                 i_d = a * geo[0] + r0 - geo[6]
                 for b in range(q1):
                     i_h = b * geo[1] + r1 - geo[7]
+                    if i_d < 0 or i_d >= d_in or i_h < 0 or i_h >= h_in:
+                        continue
                     c0 = ph * plane + (a * q1 + b) * q2
                     c1 = c0 + plane
                     row0 = buf[c0:c0 + q2]
                     row1 = buf[c1:c1 + q2]
-                    if i_d < 0 or i_d >= d_in or i_h < 0 or i_h >= h_in:
-                        for j in range(q2):
-                            row0[j] = 0
-                            row1[j] = 0
-                        continue
                     xr = xc[i_d, i_h]
-                    for j in range(lo0):
-                        row0[j] = 0
-                    for j in range(hi0, q2):
-                        row0[j] = 0
-                    for j in range(lo1):
-                        row1[j] = 0
-                    for j in range(hi1, q2):
-                        row1[j] = 0
                     for j in range(lo0, lo):
                         row0[j] = xr[2 * j + f0]
                     for j in range(hi, hi0):
@@ -143,7 +132,9 @@ def _build_phases_pairs(xc, buf, q, res, nres, geo):
 
 @njit(nogil=True, cache=True)
 def _build_phases(xc, buf, q, rank, res, nres, geo):
-    """buf[phase, flat q] = x_pad[q*s + r] of one channel ``xc`` (D, H, W); zero in the padding."""
+    """buf[phase, flat q] = x_pad[q*s + r] of one channel ``xc`` (D, H, W). Only the cells
+    inside the image are written: the caller zeroes ``buf`` once per call, and the padding
+    cells are the same for every channel of the call (no zeroing per channel and row)."""
     d_in, h_in, w_in = xc.shape[0], xc.shape[1], xc.shape[2]
     q1, q2 = q[1], q[2]
     plane = q[0] * q1 * q2
@@ -169,16 +160,10 @@ def _build_phases(xc, buf, q, rank, res, nres, geo):
                     i_d = a * geo[0] + r0 - geo[6]
                     for b in range(q1):
                         i_h = b * geo[1] + r1 - geo[7]
-                        row = buf[ph * plane + (a * q1 + b) * q2:ph * plane + (a * q1 + b + 1) * q2]
                         if i_d < 0 or i_d >= d_in or i_h < 0 or i_h >= h_in:
-                            for j in range(q2):
-                                row[j] = 0
                             continue
+                        row = buf[ph * plane + (a * q1 + b) * q2:ph * plane + (a * q1 + b + 1) * q2]
                         xr = xc[i_d, i_h]
-                        for j in range(lo):
-                            row[j] = 0
-                        for j in range(hi, q2):
-                            row[j] = 0
                         first = r2 - p2
                         if s2 == 1:
                             src = xr[lo + first:hi + first]
@@ -271,7 +256,7 @@ def forward(x, xc0, w, y, yc0, c0, c1, geo):
     n_taps = ks[0] * ks[1] * ks[2]
     taps = np.arange(n_taps)
     nph = nres[0] * nres[1] * nres[2]
-    buf = np.empty(nph * total, x.dtype)
+    buf = np.zeros(nph * total, x.dtype)              # padding cells stay zero (_build_phases)
     yw = np.empty(max(span, 0), y.dtype)
     w2 = w.reshape((w.shape[0], n_taps))
     for n in range(x.shape[0]):
@@ -447,7 +432,7 @@ def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
     mult = geo[9]
     n_taps = ks[0] * ks[1] * ks[2]
     nph = nres[0] * nres[1] * nres[2]
-    buf = np.empty(nph * total, x.dtype)
+    buf = np.zeros(nph * total, x.dtype)              # padding cells stay zero (_build_phases)
     dyw = np.zeros(total, dy.dtype)                  # cells outside dy stay zero
     span = max(span, 0)
     lanes = max(1, min(LANES, span))
