@@ -21,8 +21,9 @@ to the reference kernel, which accumulates in int64), then a cost model,
   is chosen for depthwise problems with at most ``DIRECT_MAX_MULTIPLIER`` output channels
   per group before the cost model is asked (measured in-process
   against ``taps`` on the nine mobilenet depthwise layers, 2 threads, a loaded machine:
-  1.2-4x faster in forward and data gradients; weight gradients 1.1-2x faster except
-  56x56 stride 2 and 28x28, which tie within the noise, 0.9-1.1x).
+  1.2-4x faster in forward and data gradients; weight gradients 1.1-2x faster; the two
+  that tied, 56x56 stride 2 and 28x28, after the perf-dw3 kernel changes 0.35 vs 0.71 ms
+  and 0.51 vs 0.83 ms).
 
 The model charges the GEMM flops at a rate that falls with the smallest GEMM dimension
 (``RATE_KNEE``: a 64-wide GEMM runs at ~0.8 of peak), plus the copies and adds around
