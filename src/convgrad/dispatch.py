@@ -26,11 +26,12 @@ to the reference kernel, which accumulates in int64), then a cost model,
   is chosen for depthwise problems with at most ``DIRECT_MAX_MULTIPLIER`` output channels
   per group before the cost model is asked (measured in-process
   against ``taps`` on the nine mobilenet depthwise layers, 2 threads, a loaded machine:
-  1.2-4x faster in forward and data gradients; weight gradients 1.1-2x faster except
-  56x56 stride 2 and 28x28, which tie within the noise, 0.9-1.1x). For the other problems
-  with stride 1, ``kernels/thin.py`` runs fwd and bwd_data as register-tiled direct loops;
-  it is chosen for kernels of more than one tap with at most ``THIN_MAX_CHANNELS`` channels
-  per group (``thin_pays``, measured numbers there), where the GEMMs have a small dimension.
+  1.2-4x faster in forward and data gradients; weight gradients 1.1-2x faster; the two
+  that tied, 56x56 stride 2 and 28x28, now 0.35 vs 0.71 ms and 0.51 vs 0.83 ms). For the
+  other problems with stride 1, ``kernels/thin.py`` runs fwd and bwd_data as register-tiled
+  direct loops; it is chosen for kernels of more than one tap with at most
+  ``THIN_MAX_CHANNELS`` channels per group (``thin_pays``, measured numbers there), where
+  the GEMMs have a small dimension.
 
 The model charges the GEMM flops at a rate that falls with the smallest GEMM dimension
 (``RATE_KNEE``: a 64-wide GEMM runs at ~0.8 of peak), plus the copies and adds around

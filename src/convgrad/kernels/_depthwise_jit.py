@@ -32,8 +32,8 @@ the same operations in the same order as three passes, a third of the traffic on
 
 Order of every sum (fixed, independent of the chunking and of the thread count): fwd, taps
 row-major; bwd_data, ``m`` then the taps of the element's phase row-major; bwd_weights,
-per lane ``p % LANES`` over images then ``p``, then lane ``j`` into float64 sum
-``j % FOLD`` in ascending ``j``, then those sums left to right.
+per lane ``p % LANES`` over images then ``p``, then the lanes folded in halves (lane ``j``
+plus lane ``j + ceil(width/2)``) down to FOLD, added left to right in float64.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from numba import njit
 
 from .depthwise import LANES     # partial sums per weight-gradient tap (one per position p % LANES)
 
-FOLD = 4         # float64 sums the lanes are folded into (one vector of doubles)
+FOLD = 4         # lanes left by the halving fold of the weight gradient, added in float64
 
 
 @njit(nogil=True, cache=True)
@@ -85,11 +85,62 @@ def _setup(ins, outs, ks, geo):
 
 
 @njit(nogil=True, cache=True)
-def _build_phases(xc, buf, q, rank, res, nres, geo):
-    """buf[phase, flat q] = x_pad[q*s + r] of one channel ``xc`` (D, H, W); zero in the padding."""
+def _build_phases_pairs(xc, buf, q, res, nres, geo):
+    """``_build_phases`` for stride 2 along W with both residues used: the two phase rows
+    of an input row are filled in one de-interleaving loop (cell j of residue r reads
+    column 2*j + r - p; a load with gaps does not vectorize, a full pair does)."""
     d_in, h_in, w_in = xc.shape[0], xc.shape[1], xc.shape[2]
     q1, q2 = q[1], q[2]
     plane = q[0] * q1 * q2
+    p2 = geo[8]
+    f0 = -p2                                     # residues 0 and 1: columns 2*j - p, 2*j + 1 - p
+    lo0 = max(0, -(f0 // 2))
+    lo1 = max(0, -((f0 + 1) // 2))
+    hi0 = max(lo0, min(q2, (w_in - 1 - f0) // 2 + 1))
+    hi1 = max(lo1, min(q2, (w_in - 2 - f0) // 2 + 1))
+    lo = max(lo0, lo1)
+    hi = max(lo, min(hi0, hi1))
+    for i0 in range(nres[0]):
+        for i1 in range(nres[1]):
+            ph = (i0 * nres[1] + i1) * 2
+            r0, r1 = res[0, i0], res[1, i1]
+            for a in range(q[0]):
+                i_d = a * geo[0] + r0 - geo[6]
+                for b in range(q1):
+                    i_h = b * geo[1] + r1 - geo[7]
+                    if i_d < 0 or i_d >= d_in or i_h < 0 or i_h >= h_in:
+                        continue
+                    c0 = ph * plane + (a * q1 + b) * q2
+                    c1 = c0 + plane
+                    row0 = buf[c0:c0 + q2]
+                    row1 = buf[c1:c1 + q2]
+                    xr = xc[i_d, i_h]
+                    for j in range(lo0, lo):
+                        row0[j] = xr[2 * j + f0]
+                    for j in range(hi, hi0):
+                        row0[j] = xr[2 * j + f0]
+                    for j in range(lo1, lo):
+                        row1[j] = xr[2 * j + f0 + 1]
+                    for j in range(hi, hi1):
+                        row1[j] = xr[2 * j + f0 + 1]
+                    d0, d1 = row0[lo:hi], row1[lo:hi]
+                    src = xr[2 * lo + f0:]
+                    for j in range(hi - lo):
+                        d0[j] = src[2 * j]
+                        d1[j] = src[2 * j + 1]
+
+
+@njit(nogil=True, cache=True)
+def _build_phases(xc, buf, q, rank, res, nres, geo):
+    """buf[phase, flat q] = x_pad[q*s + r] of one channel ``xc`` (D, H, W). Only the cells
+    inside the image are written: the caller zeroes ``buf`` once per call, and the padding
+    cells are the same for every channel of the call (no zeroing per channel and row)."""
+    d_in, h_in, w_in = xc.shape[0], xc.shape[1], xc.shape[2]
+    q1, q2 = q[1], q[2]
+    plane = q[0] * q1 * q2
+    if geo[2] == 2 and nres[2] == 2:
+        _build_phases_pairs(xc, buf, q, res, nres, geo)
+        return
     for i0 in range(nres[0]):
         for i1 in range(nres[1]):
             for i2 in range(nres[2]):
@@ -109,16 +160,10 @@ def _build_phases(xc, buf, q, rank, res, nres, geo):
                     i_d = a * geo[0] + r0 - geo[6]
                     for b in range(q1):
                         i_h = b * geo[1] + r1 - geo[7]
-                        row = buf[ph * plane + (a * q1 + b) * q2:ph * plane + (a * q1 + b + 1) * q2]
                         if i_d < 0 or i_d >= d_in or i_h < 0 or i_h >= h_in:
-                            for j in range(q2):
-                                row[j] = 0
                             continue
+                        row = buf[ph * plane + (a * q1 + b) * q2:ph * plane + (a * q1 + b + 1) * q2]
                         xr = xc[i_d, i_h]
-                        for j in range(lo):
-                            row[j] = 0
-                        for j in range(hi, q2):
-                            row[j] = 0
                         first = r2 - p2
                         if s2 == 1:
                             src = xr[lo + first:hi + first]
@@ -153,14 +198,34 @@ def _place(yc, wide, base, q):
 
 
 @njit(nogil=True, cache=True)
-def _taps_into(acc, n, srcs, base, w, taps, tap_phase, tap_off, sign, plane):
-    """For the listed taps in order: acc[p] += w[t] * srcs[phase(t)*plane + base + sign*off(t) + p], p < n.
+def _taps_into(acc, n, srcs, base, w, taps, tap_phase, tap_off, sign, plane, first):
+    """For the listed taps in order: acc[p] += w[t] * srcs[phase(t)*plane + base + sign*off(t) + p], p < n;
+    with ``first``, acc starts at zero (and is not read: ``0 + x`` is ``x``, so the first
+    product is stored as it is; only the sign of an exact zero can differ from adding).
 
     ``srcs`` is one flat buffer of phase planes (fwd) or the padded wide dy (bwd_data,
     ``plane`` 0). Consecutive taps are applied three per loop, same operations and order.
     """
     i = 0
     nt = taps.shape[0]
+    if first and nt > 0:
+        t0 = taps[0]
+        f0 = tap_phase[t0] * plane + base + sign * tap_off[t0]
+        w0 = w[t0]
+        a = srcs[f0:f0 + n]
+        if nt >= 3:
+            t1, t2 = taps[1], taps[2]
+            f1 = tap_phase[t1] * plane + base + sign * tap_off[t1]
+            f2 = tap_phase[t2] * plane + base + sign * tap_off[t2]
+            w1, w2 = w[t1], w[t2]
+            b, c = srcs[f1:f1 + n], srcs[f2:f2 + n]
+            for p in range(n):
+                acc[p] = (w0 * a[p] + w1 * b[p]) + w2 * c[p]
+            i = 3
+        else:
+            for p in range(n):
+                acc[p] = w0 * a[p]
+            i = 1
     while i + 3 <= nt:
         t0, t1, t2 = taps[i], taps[i + 1], taps[i + 2]
         f0 = tap_phase[t0] * plane + base + sign * tap_off[t0]
@@ -191,7 +256,7 @@ def forward(x, xc0, w, y, yc0, c0, c1, geo):
     n_taps = ks[0] * ks[1] * ks[2]
     taps = np.arange(n_taps)
     nph = nres[0] * nres[1] * nres[2]
-    buf = np.empty(nph * total, x.dtype)
+    buf = np.zeros(nph * total, x.dtype)              # padding cells stay zero (_build_phases)
     yw = np.empty(max(span, 0), y.dtype)
     w2 = w.reshape((w.shape[0], n_taps))
     for n in range(x.shape[0]):
@@ -200,8 +265,7 @@ def forward(x, xc0, w, y, yc0, c0, c1, geo):
             for m in range(mult):
                 o = c * mult + m
                 wo = w2[o]
-                yw[:] = 0
-                _taps_into(yw, span, buf, 0, wo, taps, tap_phase, tap_off, 1, total)
+                _taps_into(yw, span, buf, 0, wo, taps, tap_phase, tap_off, 1, total, True)
                 yo = y[n, o - yc0]
                 for a in range(outs[0]):
                     for b in range(outs[1]):
@@ -209,6 +273,58 @@ def forward(x, xc0, w, y, yc0, c0, c1, geo):
                         dst = yo[a, b]
                         for j in range(outs[2]):
                             dst[j] = src[j]
+
+
+@njit(nogil=True, cache=True)
+def _write_dx(dxc, dp, total, q, nres, loc_r, loc_q, geo, row_map):
+    """dxc (D, H, W) of one channel from its phase grids ``dp`` (see backward_data)."""
+    ins2 = dxc.shape[2]
+    s2 = geo[2]
+    row_j0, row_q0, row_cnt = row_map[0], row_map[1], row_map[2]
+    row_gaps = row_cnt.sum() < ins2
+    pa = 0 if row_j0[0] <= row_j0[nres[2] - 1] else 1           # the phase of the first element
+    pb = 1 - pa
+    pair = s2 == 2 and nres[2] == 2 and row_cnt[pa] > 0 and row_cnt[pb] > 0 \
+        and row_j0[pb] == row_j0[pa] + 1 and row_cnt[pb] <= row_cnt[pa] <= row_cnt[pb] + 1
+    n_pairs = row_cnt[pb] if pair else 0
+    for a in range(dxc.shape[0]):
+        for b in range(dxc.shape[1]):
+            row = dxc[a, b]
+            if loc_r[0, a] < 0 or loc_r[1, b] < 0:
+                for j in range(ins2):
+                    row[j] = 0
+                continue
+            pre = (loc_r[0, a] * nres[1] + loc_r[1, b]) * nres[2]
+            cell = (loc_q[0, a] * q[1] + loc_q[1, b]) * q[2]
+            if s2 == 1:                          # one phase along the row: a contiguous copy
+                valid = min(ins2, q[2] - geo[8])
+                src = dp[pre * total + cell + geo[8]:pre * total + cell + geo[8] + valid]
+                for j in range(valid):
+                    row[j] = src[j]
+                for j in range(valid, ins2):
+                    row[j] = 0
+                continue
+            if row_gaps:
+                for j in range(ins2):
+                    row[j] = 0
+            if pair:                             # stride 2, both phases: one interleaving loop,
+                fa = (pre + pa) * total + cell + row_q0[pa]      # which vectorizes (a store
+                fb = (pre + pb) * total + cell + row_q0[pb]      # with gaps does not)
+                src_a, src_b = dp[fa:fa + row_cnt[pa]], dp[fb:fb + row_cnt[pb]]
+                dst = row[row_j0[pa]:]
+                for t in range(n_pairs):
+                    dst[2 * t] = src_a[t]
+                    dst[2 * t + 1] = src_b[t]
+                for t in range(n_pairs, row_cnt[pa]):
+                    dst[2 * t] = src_a[t]
+                continue
+            for i2 in range(nres[2]):
+                f = (pre + i2) * total + cell + row_q0[i2]
+                cnt = row_cnt[i2]
+                src = dp[f:f + cnt]
+                dst = row[row_j0[i2]:]
+                for t in range(cnt):
+                    dst[t * s2] = src[t]
 
 
 @njit(nogil=True, cache=True)
@@ -240,37 +356,27 @@ def backward_data(dy, dyc0, w, dx, dxc0, c0, c1, geo):
             if rank[a, r] >= 0 and qq < q[a]:
                 loc_r[a, i] = rank[a, r]
                 loc_q[a, i] = qq
+    # along a row, the dx elements of w-phase i2 are j = j0 + s*t at cell q0 + t, t < cnt
+    # (row_map[:, i2] = j0, q0, cnt): one strided copy per phase instead of a lookup per
+    # element; cells of unused residues or past the grid are zero
+    row_map = np.zeros((3, nres[2]), np.int64)
+    for j in range(ins[2]):
+        r2 = loc_r[2, j]
+        if r2 >= 0:
+            if row_map[2, r2] == 0:
+                row_map[0, r2] = j
+                row_map[1, r2] = loc_q[2, j]
+            row_map[2, r2] += 1
     for n in range(dx.shape[0]):
         for c in range(c0, c1):
-            dp[:] = 0
             for m in range(mult):
                 o = c * mult + m
                 _place(dy[n, o - dyc0], dyw, max_off, q)
                 wo = w2[o]
                 for ph in range(nph):
                     _taps_into(dp[ph * total:(ph + 1) * total], total, dyw, max_off, wo,
-                               order[starts[ph]:starts[ph + 1]], tap_phase, tap_off, -1, 0)
-            dxc = dx[n, c - dxc0]
-            for a in range(ins[0]):
-                for b in range(ins[1]):
-                    row = dxc[a, b]
-                    if loc_r[0, a] < 0 or loc_r[1, b] < 0:
-                        for j in range(ins[2]):
-                            row[j] = 0
-                        continue
-                    pre = (loc_r[0, a] * nres[1] + loc_r[1, b]) * nres[2]
-                    cell = (loc_q[0, a] * q[1] + loc_q[1, b]) * q[2]
-                    if geo[2] == 1:                   # one phase along the row: a contiguous copy
-                        valid = min(ins[2], q[2] - geo[8])
-                        src = dp[pre * total + cell + geo[8]:pre * total + cell + geo[8] + valid]
-                        for j in range(valid):
-                            row[j] = src[j]
-                        for j in range(valid, ins[2]):
-                            row[j] = 0
-                        continue
-                    for j in range(ins[2]):
-                        r2 = loc_r[2, j]
-                        row[j] = dp[(pre + r2) * total + cell + loc_q[2, j]] if r2 >= 0 else 0
+                               order[starts[ph]:starts[ph + 1]], tap_phase, tap_off, -1, 0, m == 0)
+            _write_dx(dx[n, c - dxc0], dp, total, q, nres, loc_r, loc_q, geo, row_map)
 
 
 @njit(nogil=True, cache=True)
@@ -279,7 +385,21 @@ def _lanes(acc, g, buf, tap_phase, tap_off, plane, span):
     (blocks of ``lanes = acc.shape[1]`` positions; three taps per loop over a block)."""
     n_taps = acc.shape[0]
     lanes = acc.shape[1]
-    for p0 in range(0, span, lanes):
+    # four whole blocks per pass over a tap's lanes: the same additions in the same order
+    # (block after block), a quarter of the stores to ``acc``
+    quads = span // (4 * lanes)
+    for b in range(quads):
+        p0 = 4 * lanes * b
+        g0, g1 = g[p0:p0 + lanes], g[p0 + lanes:p0 + 2 * lanes]
+        g2, g3 = g[p0 + 2 * lanes:p0 + 3 * lanes], g[p0 + 3 * lanes:p0 + 4 * lanes]
+        for i in range(n_taps):
+            f = tap_phase[i] * plane + tap_off[i] + p0
+            a = acc[i]
+            s0, s1 = buf[f:f + lanes], buf[f + lanes:f + 2 * lanes]
+            s2, s3 = buf[f + 2 * lanes:f + 3 * lanes], buf[f + 3 * lanes:f + 4 * lanes]
+            for j in range(lanes):
+                a[j] = (((a[j] + g0[j] * s0[j]) + g1[j] * s1[j]) + g2[j] * s2[j]) + g3[j] * s3[j]
+    for p0 in range(4 * lanes * quads, span, lanes):
         cnt = min(lanes, span - p0)
         gg = g[p0:p0 + cnt]
         i = 0
@@ -312,12 +432,11 @@ def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
     mult = geo[9]
     n_taps = ks[0] * ks[1] * ks[2]
     nph = nres[0] * nres[1] * nres[2]
-    buf = np.empty(nph * total, x.dtype)
+    buf = np.zeros(nph * total, x.dtype)              # padding cells stay zero (_build_phases)
     dyw = np.zeros(total, dy.dtype)                  # cells outside dy stay zero
     span = max(span, 0)
     lanes = max(1, min(LANES, span))
     acc = np.empty((mult, n_taps, lanes), dw_out.dtype)
-    red = np.empty(FOLD, np.float64)
     dw2 = dw_out.reshape((dw_out.shape[0], n_taps))
     for c in range(c0, c1):
         acc[:] = 0
@@ -329,19 +448,21 @@ def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
         for m in range(mult):
             wo = dw2[c * mult + m]
             for t in range(n_taps):
-                # lanes folded into FOLD float64 sums (lane j into j % FOLD, ascending j),
-                # which are then added left to right: a fixed order that vectorizes
+                # lanes folded in halves (lane j += lane j + h, h = ceil(width / 2), in
+                # the compute type: vector adds) down to FOLD, which are added left to
+                # right in float64 (a sum per lane into FOLD float64 sums ran 64 dependent
+                # additions per tap: a quarter of the time on 28x28 channels)
                 part = acc[m, t]
-                red[:] = 0
-                whole = lanes // FOLD
-                for i in range(whole):
-                    for k in range(FOLD):
-                        red[k] += part[i * FOLD + k]
-                for k in range(lanes - whole * FOLD):
-                    red[k] += part[whole * FOLD + k]
+                width = lanes
+                while width > FOLD:
+                    h = (width + 1) // 2
+                    lo, hi = part[:width - h], part[h:width]
+                    for j in range(width - h):
+                        lo[j] += hi[j]
+                    width = h
                 total_t = 0.0
-                for k in range(FOLD):
-                    total_t += red[k]
+                for k in range(width):
+                    total_t += part[k]
                 wo[t] = total_t
 
 
@@ -357,6 +478,9 @@ def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
 #
 # Order of every sum: fwd, taps row-major; bwd_data, m then taps row-major; bwd_weights,
 # images then output positions row-major (one accumulator per weight, in the compute type).
+# The innermost loops always run all CB lanes (a constant trip count: no remainder loop,
+# 1.x-2x faster, measured); the lanes past a short last block hold zeros or earlier
+# channels' values, and what is computed from them is never written out.
 # ---------------------------------------------------------------------------------------
 
 from .depthwise import CB_CHANNELS as CB     # channels per transposed block
@@ -381,6 +505,25 @@ def _from_rows(src, cnt, dst, c_lo, step):
 
 
 @njit(nogil=True, cache=True)
+def _ow_ranges(w_in, ow_n, kw_n, geo):
+    """Per kw, the outputs ow whose input column ow*s + kw*d - p lies in [0, w_in): [lo, hi)."""
+    lo = np.zeros(kw_n, np.int64)
+    hi = np.zeros(kw_n, np.int64)
+    for kw in range(kw_n):
+        first = -1
+        last = -1
+        for ow in range(ow_n):
+            i_w = ow * geo[2] + kw * geo[5] - geo[8]
+            if 0 <= i_w < w_in:
+                if first < 0:
+                    first = ow
+                last = ow
+        if first >= 0:
+            lo[kw], hi[kw] = first, last + 1
+    return lo, hi
+
+
+@njit(nogil=True, cache=True)
 def forward_cl(x, xc0, w, y, yc0, c0, c1, geo):
     n_img = x.shape[0]
     d_in, h_in, w_in = x.shape[2], x.shape[3], x.shape[4]
@@ -391,9 +534,10 @@ def forward_cl(x, xc0, w, y, yc0, c0, c1, geo):
     xf = x.reshape((x.shape[0], x.shape[1], d_in * h_in * w_in))
     yf = y.reshape((y.shape[0], y.shape[1], od_n * oh_n * ow_n))
     wf = w.reshape((w.shape[0], n_taps))
-    xt = np.empty((d_in * h_in * w_in, CB), x.dtype)
+    xt = np.zeros((d_in * h_in * w_in, CB), x.dtype)
     yt = np.empty((od_n * oh_n * ow_n, CB), y.dtype)
-    wt = np.empty((n_taps, CB), w.dtype)
+    wt = np.zeros((n_taps, CB), w.dtype)
+    ow_lo, ow_hi = _ow_ranges(w_in, ow_n, kw_n, geo)
     for n in range(n_img):
         for b0 in range(c0, c1, CB):
             cnt = min(CB, c1 - b0)
@@ -413,15 +557,14 @@ def forward_cl(x, xc0, w, y, yc0, c0, c1, geo):
                                 i_h = oh * geo[1] + kh * geo[4] - geo[7]
                                 if i_h < 0 or i_h >= h_in:
                                     continue
-                                for ow in range(ow_n):
-                                    op = (od * oh_n + oh) * ow_n + ow
-                                    for kw in range(kw_n):
-                                        i_w = ow * geo[2] + kw * geo[5] - geo[8]
-                                        if i_w < 0 or i_w >= w_in:
-                                            continue
-                                        ip = (i_d * h_in + i_h) * w_in + i_w
-                                        t = (kd * kh_n + kh) * kw_n + kw
-                                        for j in range(cnt):
+                                row_op = (od * oh_n + oh) * ow_n
+                                row_ip = (i_d * h_in + i_h) * w_in - geo[8]
+                                for kw in range(kw_n):          # (per output: taps row-major still)
+                                    t = (kd * kh_n + kh) * kw_n + kw
+                                    for ow in range(ow_lo[kw], ow_hi[kw]):
+                                        op = row_op + ow
+                                        ip = row_ip + ow * geo[2] + kw * geo[5]
+                                        for j in range(CB):
                                             yt[op, j] += wt[t, j] * xt[ip, j]
                 _from_rows(yt, cnt, yf[n], b0 * mult + m - yc0, mult)
 
@@ -437,9 +580,16 @@ def backward_data_cl(dy, dyc0, w, dx, dxc0, c0, c1, geo):
     dyf = dy.reshape((dy.shape[0], dy.shape[1], od_n * oh_n * ow_n))
     dxf = dx.reshape((dx.shape[0], dx.shape[1], d_in * h_in * w_in))
     wf = w.reshape((w.shape[0], n_taps))
-    dyt = np.empty((od_n * oh_n * ow_n, CB), dy.dtype)
+    dyt = np.zeros((od_n * oh_n * ow_n, CB), dy.dtype)
     dxt = np.empty((d_in * h_in * w_in, CB), dx.dtype)
-    wt = np.empty((n_taps, CB), w.dtype)
+    wt = np.zeros((n_taps, CB), w.dtype)
+    # dy column of (dx column, kw), -1 when none: no divisions in the innermost loops
+    col_of = -np.ones((w_in, kw_n), np.int64)
+    for i_w in range(w_in):
+        for kw in range(kw_n):
+            t_w = i_w + geo[8] - kw * geo[5]
+            if t_w >= 0 and t_w % geo[2] == 0 and t_w // geo[2] < ow_n:
+                col_of[i_w, kw] = t_w // geo[2]
     for n in range(n_img):
         for b0 in range(c0, c1, CB):
             cnt = min(CB, c1 - b0)
@@ -462,15 +612,16 @@ def backward_data_cl(dy, dyc0, w, dx, dxc0, c0, c1, geo):
                                 t_h = i_h + geo[7] - kh * geo[4]
                                 if t_h < 0 or t_h % geo[1] != 0 or t_h // geo[1] >= oh_n:
                                     continue
+                                row_op = ((t_d // geo[0]) * oh_n + t_h // geo[1]) * ow_n
                                 for i_w in range(w_in):
                                     ip = (i_d * h_in + i_h) * w_in + i_w
                                     for kw in range(kw_n):
-                                        t_w = i_w + geo[8] - kw * geo[5]
-                                        if t_w < 0 or t_w % geo[2] != 0 or t_w // geo[2] >= ow_n:
+                                        o_w = col_of[i_w, kw]
+                                        if o_w < 0:
                                             continue
-                                        op = ((t_d // geo[0]) * oh_n + t_h // geo[1]) * ow_n + t_w // geo[2]
+                                        op = row_op + o_w
                                         t = (kd * kh_n + kh) * kw_n + kw
-                                        for j in range(cnt):
+                                        for j in range(CB):
                                             dxt[ip, j] += wt[t, j] * dyt[op, j]
             _from_rows(dxt, cnt, dxf[n], b0 - dxc0, 1)
 
@@ -486,8 +637,8 @@ def backward_weights_cl(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
     xf = x.reshape((x.shape[0], x.shape[1], d_in * h_in * w_in))
     dyf = dy.reshape((dy.shape[0], dy.shape[1], od_n * oh_n * ow_n))
     dwf = dw_out.reshape((dw_out.shape[0], n_taps))
-    xt = np.empty((d_in * h_in * w_in, CB), x.dtype)
-    dyt = np.empty((mult, od_n * oh_n * ow_n, CB), dy.dtype)
+    xt = np.zeros((d_in * h_in * w_in, CB), x.dtype)
+    dyt = np.zeros((mult, od_n * oh_n * ow_n, CB), dy.dtype)
     acc = np.empty((mult, n_taps, CB), dw_out.dtype)
     for b0 in range(c0, c1, CB):
         cnt = min(CB, c1 - b0)
@@ -518,7 +669,7 @@ def backward_weights_cl(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
                                             continue
                                         ip = (i_d * h_in + i_h) * w_in + i_w
                                         t = (kd * kh_n + kh) * kw_n + kw
-                                        for j in range(cnt):
+                                        for j in range(CB):
                                             acc[m, t, j] += dyt[m, op, j] * xt[ip, j]
         for m in range(mult):
             for t in range(n_taps):

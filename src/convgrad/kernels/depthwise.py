@@ -38,14 +38,22 @@ from ..errors import WorkspaceError
 from ..spec import ConvSpec
 from .gemm import geometry, run_each
 
-# Below this many multiply-adds a call runs on the calling thread alone: waking a pool
-# thread costs 0.1-0.2 ms on the 2-core development VM, about 0.5M multiply-adds.
-PARALLEL_MACS = 1 << 18
-# The channels-last loops run about 3x more multiply-adds per second than the phase grids
-# on small images, so a pool thread pays off only on twice as much work there (measured,
-# 2 threads: 7x7 at 0.45M multiply-adds 0.40 -> 0.27 ms on one thread; 14x14 weight
-# gradient at 0.9M still faster on two).
-CL_PARALLEL_FACTOR = 2
+# Below this many multiply-adds a call runs on the calling thread alone. Waking a pool
+# thread costs 0.1-0.15 ms on the 2-core development VM (run_each of two empty blocks:
+# 0.09-0.12 ms; two 0.09 ms blocks: 0.19 ms serial, 0.20 ms on two threads; two 0.37 ms
+# blocks: 0.74 -> 0.51 ms), so a second thread pays off from about 0.25 ms of one-thread
+# work, which these loops reach at 1.5-2M multiply-adds (mobilenet depthwise layers, whole
+# public call, 2 threads / 1: 512x14^2 fwd 0.35 / 0.30 ms at 0.9M, 256x28^2 even at 1.8M,
+# 128x56^2 and 32x112^2 at 3.6M 0.39 / 0.43 and 0.42 / 0.43 ms).
+PARALLEL_MACS = 3 << 19
+# Per loop nest and direction, the multiple of PARALLEL_MACS from which a call uses the
+# pool. The channels-last forward and data gradient run about 3x more multiply-adds per
+# second than the phase grids on small images, so a pool thread pays off only on twice as
+# much work there; both weight gradients run 2-3x fewer per second than the forward
+# (phase grids: 128x56^2/2 at 0.9M, 0.50 ms on 2 threads, 0.56 on 1; channels-last:
+# 256x28^2 at 1.8M, 0.59 / 0.67 ms, but 512x14^2 at 0.9M 0.42 / 0.37 ms).
+PARALLEL_FACTOR = {False: {"fwd": 1.0, "bwd_data": 1.0, "bwd_weights": 0.5},
+                   True: {"fwd": 2.0, "bwd_data": 2.0, "bwd_weights": 1.0}}
 # Chunks per worker thread (threads take the next chunk when they are free, so a worker
 # that wakes late takes fewer) and the fewest multiply-adds worth one chunk.
 CHUNKS_PER_WORKER = 4
@@ -53,13 +61,13 @@ MIN_CHUNK_MACS = 1 << 17
 # Partial sums per weight-gradient tap (the compiled loops read it from here).
 LANES = 256
 # Problems with at most SMALL_IMAGE output positions per image (weight gradient: at most
-# SMALL_IMAGE_BWD_WEIGHTS input positions) run channels-last (``*_cl``): blocks of
-# CB_CHANNELS channels transposed to (position, channel), channels innermost. Measured
-# crossover (mobilenet depthwise layers, 1 thread): channels-last wins on 7x7 outputs
-# (weight gradient: inputs up to 28x28) and loses badly on large images, whose transposed
-# blocks leave the cache.
+# SMALL_IMAGE_BWD_WEIGHTS) run channels-last (``*_cl``): blocks of CB_CHANNELS channels
+# transposed to (position, channel), channels innermost. Measured crossover (mobilenet
+# depthwise layers, 1 thread): channels-last wins on 7x7 outputs and loses badly on large
+# images, whose transposed blocks leave the cache; weight gradient, whole call: 14x14
+# outputs channels-last 0.33 ms, phase grids 0.47-0.65; 28x28 outputs 0.62 / 0.50 ms.
 SMALL_IMAGE = 100
-SMALL_IMAGE_BWD_WEIGHTS = 1024
+SMALL_IMAGE_BWD_WEIGHTS = 400
 CB_CHANNELS = 64
 
 
@@ -81,9 +89,7 @@ def available() -> bool:
 
 def channels_last(spec: ConvSpec, direction: str) -> bool:
     """Whether the channels-last loops run this problem (small images)."""
-    if direction == "bwd_weights":
-        return math.prod(spec.src) <= SMALL_IMAGE_BWD_WEIGHTS
-    return math.prod(spec.dst) <= SMALL_IMAGE
+    return math.prod(spec.dst) <= (SMALL_IMAGE_BWD_WEIGHTS if direction == "bwd_weights" else SMALL_IMAGE)
 
 
 def eligible(spec: ConvSpec) -> bool:
@@ -122,7 +128,7 @@ def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_li
     """
     c = spec.ic
     per_channel = _macs_per_channel(spec)
-    serial = PARALLEL_MACS * (CL_PARALLEL_FACTOR if unit > 1 else 1)
+    serial = PARALLEL_MACS * PARALLEL_FACTOR[unit > 1][direction]
     workers = 1 if per_channel * c < serial else max(1, min(c, threads.get_num_threads()))
     # one thread: one chunk (each chunk is a compiled call, about 10 us of argument unboxing)
     chunk = c if workers == 1 else min(-(-c // workers), max(-(-c // (workers * CHUNKS_PER_WORKER)),
@@ -143,6 +149,12 @@ def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_li
 def _scratch(spec: ConvSpec, direction: str, itemsize: int) -> int:
     """Bytes the compiled loops allocate per call (per thread): the phase grids of one
     channel, one wide channel of dst / diff_dst, and the weight-gradient lanes."""
+    return _scratch_bytes(spec, direction, itemsize, channels_last(spec, direction), CB_CHANNELS, LANES)
+
+
+@functools.lru_cache(maxsize=256)
+def _scratch_bytes(spec: ConvSpec, direction: str, itemsize: int, cl: bool, cb: int, lanes: int) -> int:
+    # cached (asked twice per call, 7 us each): the module constants it reads are arguments
     geom = geometry(spec)
     total = math.prod(geom.q)
     grids = len(geom.phases) * total
@@ -152,10 +164,10 @@ def _scratch(spec: ConvSpec, direction: str, itemsize: int) -> int:
     elif direction == "bwd_data":
         elems = grids + geom.max_off + total + 6 * max(spec.src)     # + the dx cell map (int64)
     else:
-        elems = grids + total + spec.ocg * taps * min(LANES, total) + 16
-    if channels_last(spec, direction):   # transposed blocks of src, dst (all multipliers), weights
-        elems = CB_CHANNELS * (math.prod(spec.src)
-                               + spec.ocg * math.prod(spec.dst) + spec.ocg * taps)
+        elems = grids + total + spec.ocg * taps * min(lanes, total) + 16
+    if cl:      # transposed blocks of src, dst (all multipliers), weights; the column tables
+        elems = cb * (math.prod(spec.src) + spec.ocg * math.prod(spec.dst) + spec.ocg * taps) \
+            + 2 * (max(spec.src) + 2) * max(spec.kernel)
     return int(elems) * itemsize + 1024
 
 
