@@ -237,3 +237,12 @@ def test_thin_dispatch_rule():
                        pads_begin=7, pads_end=7)
     assert cg.choose_algorithm(latent, "bwd_data") in ("taps", "im2col")
     assert dispatch.THIN_MAX_CHANNELS >= 32
+    # 3-D: dense grids only, and thin channels for the data gradient (measured, dispatch.py)
+    unet_in = make_spec("t", mb=1, ic=3, oc=32, groups=1, src=(54, 61, 61), kernel=(3, 3, 3))
+    unet_mid = make_spec("t", mb=1, ic=32, oc=64, groups=1, src=(19, 22, 22), kernel=(3, 3, 3))
+    unet_deep = make_spec("t", mb=1, ic=128, oc=128, groups=1, src=(11, 11, 11), kernel=(3, 3, 3))
+    assert cg.choose_algorithm(unet_in, "fwd") == cg.choose_algorithm(unet_in, "bwd_data") == "direct"
+    assert cg.choose_algorithm(unet_mid, "fwd") == "direct"
+    assert cg.choose_algorithm(unet_mid, "bwd_data") in ("taps", "im2col")
+    for direction in ("fwd", "bwd_data"):
+        assert cg.choose_algorithm(unet_deep, direction) in ("taps", "im2col")

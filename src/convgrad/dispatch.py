@@ -218,6 +218,15 @@ def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32,
 # a 8^3-kernel data gradient onto a 1^3 latent (1/512) 0.13 (2 threads).
 THIN_MAX_CHANNELS = 128
 THIN_MIN_DENSITY = 0.5
+# 3-D problems pay a halo on three axes and short rows, so there the kernel needs a denser
+# grid and, for the data gradient (whose padded diff_dst copy grows with the halo), thin
+# channels. Measured (2 threads, float32, ms, direct / best GEMM; 3d_unet layers at the
+# benchmark's scale): fwd 32 -> 64 ch 19x22x22 (density 0.74) 6.3-7.1 / 7.4-7.7, 64 ch
+# 16x18x18 (0.69) 8.2-8.9 / 8.2-9.3, 64 -> 128 12x14x14 (0.61) 10.5 / 6.3, 128 ch 11^3
+# (0.55) 12.4 / 6.5; bwd_data 3 -> 32 54x61x61 14.3 / 27.9, 32 ch 24^3 8.5 / 9.2, but
+# 32 -> 64 19x22x22 9.4 / 8.7, 64 ch 24^3 57 / 43, 64 -> 128 12x14x14 13.7 / 8.2.
+THIN_3D_MIN_DENSITY = 0.7
+THIN_3D_BWD_DATA_MAX_CHANNELS = 32
 
 
 def thin_pays(spec: ConvSpec, direction: str) -> bool:
@@ -228,6 +237,10 @@ def thin_pays(spec: ConvSpec, direction: str) -> bool:
         return False
     out = spec.dst if direction == "fwd" else spec.src      # outputs of the forward loop
     grid = _prod(o + (k - 1) * d for o, k, d in zip(out, spec.kernel, spec.dilations))
+    if spec.nsp == 3:
+        if direction == "bwd_data" and max(spec.icg, spec.ocg) > THIN_3D_BWD_DATA_MAX_CHANNELS:
+            return False
+        return _prod(out) >= THIN_3D_MIN_DENSITY * grid
     return _prod(out) >= THIN_MIN_DENSITY * grid
 
 
