@@ -45,3 +45,15 @@ class Tally:
             return
         with capture.global_and_fixture_disabled():
             print("\n".join(lines))
+
+
+def spec_kwargs(spec) -> dict:
+    """The public functions' attribute keywords of a ConvSpec."""
+    return dict(strides=spec.strides, dilations=spec.dilations, pads_begin=spec.pads_begin,
+                pads_end=spec.pads_end, groups=spec.groups)
+
+
+def spec_inputs(spec, rng, dtype=np.float64) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Random (src, weights, diff_dst) of a ConvSpec's shapes."""
+    return (rng.standard_normal(spec.src_shape).astype(dtype), rng.standard_normal(spec.weights_shape).astype(dtype),
+            rng.standard_normal(spec.dst_shape).astype(dtype))

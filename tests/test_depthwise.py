@@ -19,6 +19,8 @@ from convgrad.kernels import reference as ref
 from convgrad.spec import make_spec
 
 from .helpers import Tally, feasible, rel_err
+from .helpers import spec_inputs as _inputs
+from .helpers import spec_kwargs as _kw
 
 needs_numba = pytest.mark.skipif(not dwk.available(), reason="numba is not installed (or CONVGRAD_NUMBA=0)")
 TALLY = Tally("direct depthwise kernel vs float64 reference")
@@ -42,16 +44,6 @@ def variant(request, monkeypatch):
 def _spec(n, c, mult, src, k, s, d, pb, pe):
     return make_spec("test", mb=n, ic=c, oc=c * mult, groups=c, src=src, kernel=k, strides=s, dilations=d,
                      pads_begin=pb, pads_end=pe)
-
-
-def _kw(spec):
-    return dict(strides=spec.strides, dilations=spec.dilations, pads_begin=spec.pads_begin,
-                pads_end=spec.pads_end, groups=spec.groups)
-
-
-def _inputs(spec, rng, dtype=np.float64):
-    return (rng.standard_normal(spec.src_shape).astype(dtype), rng.standard_normal(spec.weights_shape).astype(dtype),
-            rng.standard_normal(spec.dst_shape).astype(dtype))
 
 
 def _all(spec, x, w, dy, **extra):

@@ -17,6 +17,8 @@ from convgrad.kernels import thin
 from convgrad.spec import make_spec
 
 from .helpers import Tally, feasible, rel_err
+from .helpers import spec_inputs as _inputs
+from .helpers import spec_kwargs as _kw
 
 needs_numba = pytest.mark.skipif(not thin.available(), reason="numba is not installed (or CONVGRAD_NUMBA=0)")
 TALLY = Tally("direct thin-channel kernel vs float64 reference")
@@ -31,16 +33,6 @@ def _report(request):
 def _spec(n, ic, oc, g, src, k, d, pb, pe):
     return make_spec("test", mb=n, ic=ic, oc=oc, groups=g, src=src, kernel=k, strides=1, dilations=d,
                      pads_begin=pb, pads_end=pe)
-
-
-def _kw(spec):
-    return dict(strides=spec.strides, dilations=spec.dilations, pads_begin=spec.pads_begin,
-                pads_end=spec.pads_end, groups=spec.groups)
-
-
-def _inputs(spec, rng, dtype=np.float64):
-    return (rng.standard_normal(spec.src_shape).astype(dtype), rng.standard_normal(spec.weights_shape).astype(dtype),
-            rng.standard_normal(spec.dst_shape).astype(dtype))
 
 
 def _both(spec, x, w, dy, **extra):

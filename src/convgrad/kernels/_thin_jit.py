@@ -48,6 +48,15 @@ R_U = np.uint64(R)
 
 
 @njit(nogil=True, cache=True)
+def _cell(f, q0, q1, q2):
+    """(image, depth, row, column) of flat cell ``f`` of the images' padded grids laid end
+    to end (``f = ((n*q0 + a)*q1 + b)*q2 + col``)."""
+    row = f // q2
+    na = row // q1
+    return na // q0, na % q0, row % q1, f % q2
+
+
+@njit(nogil=True, cache=True)
 def _fill(x, c_lo, cg, buf, width, lo, hi, q0, q1, q2, p0, p1, p2):
     """buf[c*width + f - lo] = xpad_flat[n, c_lo + c, ...][f] for lo <= f < hi, c < cg, where
     ``f`` runs over the padded grids of all images in turn (``(n*q0 + a)*q1 + b)*q2 + col``)
@@ -55,12 +64,7 @@ def _fill(x, c_lo, cg, buf, width, lo, hi, q0, q1, q2, p0, p1, p2):
     d_in, h_in, w_in = x.shape[2], x.shape[3], x.shape[4]
     f = lo
     while f < hi:
-        col = f % q2
-        row = f // q2
-        b = row % q1
-        na = row // q1
-        a = na % q0
-        n = na // q0
+        n, a, b, col = _cell(f, q0, q1, q2)
         end = min(hi, f - col + q2)
         cnt = end - f
         i_d, i_h = a - p0, b - p1
@@ -166,12 +170,7 @@ def _scatter(y, o_lo, ocg, acc, lo, cnt, q0, q1, q2, outs0, outs1, outs2):
     [lo, lo + cnt) of the images' padded grids, o < ocg."""
     f = lo
     while f < lo + cnt:
-        col = f % q2
-        row = f // q2
-        b = row % q1
-        na = row // q1
-        a = na % q0
-        n = na // q0
+        n, a, b, col = _cell(f, q0, q1, q2)
         end = min(lo + cnt, f - col + q2)
         if a < outs0 and b < outs1 and col < outs2:
             stop = min(end - f, outs2 - col)
