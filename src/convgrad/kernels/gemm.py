@@ -317,11 +317,14 @@ def plan(geom: PhaseGeometry, direction: str, algorithm: str, itemsize: int,
 # Each thread keeps its packing buffers between blocks and calls, up to this size each, in
 # three slots: "a" the packed src operand (phase grids, column matrix; bwd_data: its
 # result rows), "b" the packed diff_dst or the forward result rows, "c" im2col's padded
-# block (so at most 3 * SCRATCH_KEEP bytes per thread stay allocated between calls). A fresh buffer of a few MiB is mapped by the allocator and faulted in page
-# by page on its first write (the kernel zeroes every page), and whether it is depends on
-# what the process freed before (glibc's mmap and trim thresholds move): measured (1
-# thread, float32, ms) wavenet 32 -> 32 channels mb32, 11 blocks of 1 MiB grids: 19.5
-# fresh, 8.1 reused; resnet_50 res2a_branch2b 18.4 / 15.9.
+# block (so at most 3 * SCRATCH_KEEP bytes per thread stay allocated between calls). A
+# fresh buffer of a few MiB is mapped by the allocator and faulted in page by page on its
+# first write (the kernel zeroes every page), and whether it is depends on what the
+# process freed before (glibc's mmap and trim thresholds move). Measured (1 thread,
+# float32, ms, weights gradients, first problem of a fresh process, fresh / reused):
+# wavenet 32 -> 32 channels mb32 (11 blocks of 1 MiB grids) 19.2 / 7.6, mb512 19.7 / 9.3;
+# resnet_50 res2a_branch2b 18-19 / 14.2. Once the process has freed larger buffers
+# both run alike.
 SCRATCH_KEEP = 16 << 20       # bytes
 
 
