@@ -729,3 +729,57 @@ def test_spec_cache_never_skips_validation():
         cg.conv_forward(x, w, groups=True, pads_begin=[1, 0])
     np.testing.assert_array_equal(cg.conv_forward(x, w, strides=np.int64(1), pads_begin=[1, 0]), a)
     assert len(spec_mod._SPECS) <= spec_mod._SPECS_MAX
+
+
+def test_scratch_buffers_are_written_before_read_and_never_returned(monkeypatch):
+    """Packing temporaries come from per-thread reused buffers (``gemm._scratch``), which
+    hold the previous block's data. Poisoned with NaN before every use, they still give
+    the reference results (every element read was written), results never share memory
+    with them, and the results equal those of fresh buffers bitwise. Cases: several
+    blocks (slabs, multi-image), strides with every remainder, pads, dilations, groups,
+    1-3 spatial axes, the col2im layouts (huge kernel, deep channels) and the flipped
+    data gradient."""
+    from convgrad.kernels import gemm
+    real = gemm._scratch
+    seen = []
+
+    def poisoned(slot, shape, dtype):
+        out = real(slot, shape, dtype)
+        if out.dtype.kind == "f":
+            out.fill(np.nan)
+        seen.append(out)
+        return out
+
+    rng = np.random.default_rng(61)
+    cases = [_spec(3, 5, 7, 1, (23,), (3,), (2,), (1,), (1,), (0,)),
+             _spec(3, 5, 7, 1, (24,), (3,), (2,), (1,), (0,), (1,)),
+             _spec(2, 4, 6, 2, (11, 9), (3, 2), (1, 2), (1, 2), (1, 0), (0, 1)),
+             _spec(5, 3, 4, 1, (13, 10), (2, 3), (1, 1), (1, 1), (1, 1), (0, 1)),
+             _spec(2, 2, 3, 1, (6, 5, 7), (2, 2, 3), (1, 2, 1), (1, 1, 1), (1, 0, 1), (0, 1, 1)),
+             _spec(2, 3, 2, 1, (5,), (9,), (1,), (1,), (4,), (4,)),             # kernel > output
+             _spec(2, 24, 5, 1, (3, 3), (2, 2), (1, 1), (1, 1), (0, 0), (0, 0)),  # deep, tiny
+             _spec(4, 4, 4, 4, (15,), (3,), (1,), (1,), (1,), (1,))]              # depthwise
+    for rows in (5, 40, dispatch.ROWS_TARGET):
+        monkeypatch.setattr(dispatch, "ROWS_TARGET", rows)
+        for spec in cases:
+            x = rng.standard_normal(spec.src_shape).astype(np.float32)
+            w = rng.standard_normal(spec.weights_shape).astype(np.float32)
+            dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
+            want = (ref.conv_forward(spec, x, w), ref.conv_backward_weights(spec, x, dy),
+                    ref.conv_backward_data(spec, dy, w))
+            for alg in FAST:
+                def run():
+                    return (cg.conv_forward(x, w, algorithm=alg, **_kw(spec)),
+                            cg.conv_backward_weights(x, dy, spec.kernel, algorithm=alg, **_kw(spec)),
+                            cg.conv_backward_data(dy, w, spec.src, algorithm=alg, **_kw(spec)))
+                monkeypatch.setattr(gemm, "SCRATCH_KEEP", 0)          # fresh buffers
+                fresh = run()
+                monkeypatch.setattr(gemm, "SCRATCH_KEEP", 16 << 20)
+                monkeypatch.setattr(gemm, "_scratch", poisoned)
+                seen.clear()
+                got = run()
+                monkeypatch.setattr(gemm, "_scratch", real)
+                for name, a, b, c in zip(("fwd", "bwd_weights", "bwd_data"), got, want, fresh):
+                    assert rel_err(a, b) <= 1e-5, (name, alg, str(spec), rows)
+                    np.testing.assert_array_equal(a, c, err_msg=f"{name} {alg} {spec} {rows}")
+                    assert not any(np.shares_memory(a, s) for s in seen), (name, alg, str(spec))

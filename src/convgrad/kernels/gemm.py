@@ -63,6 +63,11 @@ one does not fit, and partial sums are added in block order, so results do not d
 the cap in the usual range. A weights gradient with few rows and many channels (deep
 layers) is split over channels instead of rows (``weight_chunks``): each chunk writes its
 part of the result, with no result-sized partial sums.
+
+A block's packing temporaries (phase grids, column matrices, packed ``diff_dst``, result
+rows before they are copied out) live in per-thread scratch buffers reused from block to
+block and call to call (``_scratch``; results and returned partials never do): a fresh
+multi-MiB buffer costs a page fault per 4 KiB on its first write.
 """
 
 from __future__ import annotations
@@ -90,6 +95,15 @@ from .blas import matmul_into
 ELEMENTWISE_CHUNK = 1 << 16
 # An im2col block holds about ROWS_TARGET * IM2COL_WIDTH column elements.
 IM2COL_WIDTH = 512
+# A weights-gradient block whose column matrix is narrower than IM2COL_THIN_WIDTH (few
+# input channels: first layers) holds IM2COL_THIN_ROWS times more rows: its products are
+# short (M = C_out, N = width) and the per-block work around them (views, packing calls,
+# a partial sum) was a tenth of the time. Measured (float32, ms, 1 / 2 threads, x1 / x2
+# rows): mobilenet conv1 (3 -> 32, 3x3 s2, mb32) 29.6 / 26.5 and 25.6 / 17.5; 3 -> 64 3x3
+# 224^2 mb8 36.9 / 34.6 and 29.7 / 23.6; 3-D 3 -> 32 3x3x3 64^3 30.4 / 29.4 and 19.8 / 16.9;
+# resnet_50 conv1 (width 147) was no faster (19.5 / 21.0, 10.1 / 10.6) and keeps x1.
+IM2COL_THIN_WIDTH = 128
+IM2COL_THIN_ROWS = 2
 # Large problems get at least MIN_BLOCKS blocks (work for every thread) of at least
 # MIN_BLOCK_ROWS rows (long enough for efficient products).
 MIN_BLOCKS = 4
@@ -193,6 +207,8 @@ def _natural(geom: PhaseGeometry, direction: str, algorithm: str, rows_target: i
     if algorithm == "im2col":
         width = len(geom.taps) * spec.ic
         rows_target = max(1, rows_target * IM2COL_WIDTH // max(IM2COL_WIDTH, width))
+        if direction == "bwd_weights" and width < IM2COL_THIN_WIDTH:
+            rows_target *= IM2COL_THIN_ROWS
     extent, row_len = _extent(geom, direction, algorithm)
     img = _img_rows(geom, algorithm)
     elementwise = {"fwd": spec.icg == 1, "bwd_data": spec.ocg == 1,
@@ -295,6 +311,51 @@ def plan(geom: PhaseGeometry, direction: str, algorithm: str, itemsize: int,
 
 
 # ---------------------------------------------------------------------------------------
+# Scratch buffers
+# ---------------------------------------------------------------------------------------
+
+# Each thread keeps its packing buffers between blocks and calls, up to this size each, in
+# three slots: "a" the packed src operand (phase grids, column matrix; bwd_data: its
+# result rows), "b" the packed diff_dst or the forward result rows, "c" im2col's padded
+# block (so at most 3 * SCRATCH_KEEP bytes per thread stay allocated between calls). A
+# fresh buffer of a few MiB is mapped by the allocator and faulted in page by page on its
+# first write (the kernel zeroes every page), and whether it is depends on what the
+# process freed before (glibc's mmap and trim thresholds move). Measured (1 thread,
+# float32, ms, weights gradients, first problem of a fresh process, fresh / reused):
+# wavenet 32 -> 32 channels mb32 (11 blocks of 1 MiB grids) 19.2 / 7.6, mb512 19.7 / 9.3;
+# resnet_50 res2a_branch2b 18-19 / 14.2. Once the process has freed larger buffers
+# both run alike.
+SCRATCH_KEEP = 16 << 20       # bytes
+
+
+class _Scratch(threading.local):
+    def __init__(self) -> None:
+        self.bufs: dict[str, np.ndarray] = {}
+
+
+_SCRATCH = _Scratch()
+
+
+def _scratch(slot: str, shape: tuple[int, ...], dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array for a temporary of one block that never outlives
+    it (never a result or a block's returned partial): this thread's buffer for ``slot``,
+    grown when too small; larger than ``SCRATCH_KEEP``, a plain ``np.empty``."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes > SCRATCH_KEEP:
+        return np.empty(shape, dtype=dtype)
+    bufs = _SCRATCH.bufs
+    buf = bufs.get(slot)
+    if buf is None or buf.nbytes < nbytes:
+        bufs.pop(slot, None)
+        buf = None                                 # free the old one before allocating
+        raw = np.empty(nbytes + 64, dtype=np.uint8)
+        start = -raw.ctypes.data % 64                  # 64-byte aligned, like a cache line
+        buf = bufs[slot] = raw[start:start + nbytes]
+    return buf[:nbytes].view(dtype).reshape(shape)
+
+
+# ---------------------------------------------------------------------------------------
 # Data movement between canonical NC* arrays and channel-major tiles
 # ---------------------------------------------------------------------------------------
 
@@ -330,7 +391,7 @@ def _zero_outside(arr: np.ndarray, first_axis: int, box: tuple[slice, ...]) -> N
 def _src_grid(geom: PhaseGeometry, src: np.ndarray, b: Block, rows0: int, dtype) -> np.ndarray:
     """Channel-major phase grids of ``src`` for a block: (phases, C, nb, rows0, *q[1:])."""
     spec = geom.spec
-    out = np.empty((len(geom.phases), spec.ic, b.nb, rows0) + geom.q[1:], dtype=dtype)
+    out = _scratch("a", (len(geom.phases), spec.ic, b.nb, rows0) + geom.q[1:], dtype)
     q_lo = (b.r0,) + (0,) * (spec.nsp - 1)
     q_hi = (b.r0 + rows0,) + geom.q[1:]
     nsl = slice(b.n0, b.n0 + b.nb)
@@ -360,7 +421,7 @@ def _dst_grid(geom: PhaseGeometry, ddst: np.ndarray, b: Block, rows0: int, first
     and flat: (O, front + nb * rows0 * row_len), zero in front and outside diff_dst."""
     spec = geom.spec
     oc = ddst.shape[1]                        # spec.oc, or a chunk of the output channels
-    out = np.empty((oc, front + b.nb * rows0 * geom.row_len), dtype=dtype)
+    out = _scratch("b", (oc, front + b.nb * rows0 * geom.row_len), dtype)
     out[:, :front] = 0
     grid = out[:, front:].reshape((oc, b.nb, rows0) + geom.q[1:])
     lo, hi = max(first, 0), min(first + rows0, spec.dst[0])
@@ -400,11 +461,18 @@ def _padded_box(spec: ConvSpec, b: Block):
 
 def _windows(spec: ConvSpec, padded: np.ndarray) -> np.ndarray:
     """All windows of a padded block as one view: (nb, C, *dst_block, *kernel)."""
-    ek = tuple(d * (k - 1) + 1 for k, d in zip(spec.kernel, spec.dilations))
-    axes = tuple(range(2, 2 + spec.nsp))
-    v = np.lib.stride_tricks.sliding_window_view(padded, ek, axis=axes)
-    return v[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in spec.strides)
-             + tuple(slice(None, None, d) for d in spec.dilations)]
+    # Element (n, c, y, k) is padded[n, c, y*s + k*d]: one strided view (built directly:
+    # sliding_window_view and its slicing cost ~40 us a block, as_strided ~15).
+    ext, st = padded.shape[2:], padded.strides[2:]
+    dst_b = tuple((e - d * (k - 1) - 1) // s + 1 for e, k, d, s in zip(ext, spec.kernel, spec.dilations, spec.strides))
+    shape = padded.shape[:2] + dst_b + tuple(spec.kernel)
+    strides = (padded.strides[:2] + tuple(s * b for s, b in zip(spec.strides, st))
+               + tuple(d * b for d, b in zip(spec.dilations, st)))
+    if not padded.flags.c_contiguous:
+        return np.lib.stride_tricks.as_strided(padded, shape, strides, writeable=False)
+    view = np.ndarray(shape, padded.dtype, buffer=padded, strides=strides)
+    view.flags.writeable = False
+    return view
 
 
 def _rows_major(spec: ConvSpec, b: Block) -> bool:
@@ -419,7 +487,7 @@ def _src_cols(spec: ConvSpec, src: np.ndarray, b: Block, dtype, reverse: bool = 
     """Exact column matrix of a block as a (G, Cg * T, rows) view: one copy of the padded
     block's windows (sliding-window view), no loop over taps. ``reverse``: every window
     read back to front (tap ``j`` holds the element of tap ``K - 1 - j``)."""
-    padded = np.empty((b.nb, spec.ic) + _padded_rows(spec, b), dtype=dtype)
+    padded = _scratch("c", (b.nb, spec.ic) + _padded_rows(spec, b), dtype)
     inside = _padded_box(spec, b)
     if inside is None:
         padded[...] = 0
@@ -436,11 +504,11 @@ def _src_cols(spec: ConvSpec, src: np.ndarray, b: Block, dtype, reverse: bool = 
     y_axes = tuple(range(3, 3 + nsp))
     if _rows_major(spec, b):
         order = (0,) + y_axes + (1, 2) + k_axes                   # (nb, *dst_b, G, Cg, *k)
-        cols = np.empty(tuple(win.shape[i] for i in order), dtype=dtype)
+        cols = _scratch("a", tuple(win.shape[i] for i in order), dtype)
         cols[...] = win.transpose(order)
         return cols.reshape(rows, g, -1).transpose(1, 2, 0)
     order = (1, 2) + k_axes + (0,) + y_axes                       # (G, Cg, *k, nb, *dst_b)
-    cols = np.empty(tuple(win.shape[i] for i in order), dtype=dtype)
+    cols = _scratch("a", tuple(win.shape[i] for i in order), dtype)
     cols[...] = win.transpose(order)
     return cols.reshape(g, -1, rows)
 
@@ -625,7 +693,7 @@ def _unit_phase(spec: ConvSpec) -> bool:
 def _dst_rows(spec: ConvSpec, ddst: np.ndarray, b: Block, dtype) -> np.ndarray:
     """``diff_dst`` of a block, channel-major and exact: (O, nb, r1 - r0, *dst[1:])."""
     part = ddst[slice(b.n0, b.n0 + b.nb), :, b.r0:b.r1]
-    out = np.empty((spec.oc, b.nb) + part.shape[2:], dtype=dtype)
+    out = _scratch("b", (spec.oc, b.nb) + part.shape[2:], dtype)
     out[...] = part.swapaxes(0, 1)
     return out
 
@@ -881,7 +949,7 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
         def work(b: Block) -> None:
             cols = _src_cols(spec, src, b, dtype, reverse_taps)    # (G, Cg*T, rows)
             rows = cols.shape[2]
-            y = np.empty((g, og, rows), dtype=dtype)
+            y = _scratch("b", (g, og, rows), dtype)
             matmul_into(w_cols, cols, y, False)
             grid = y.reshape((spec.oc, b.nb, b.r1 - b.r0) + spec.dst[1:])
             dst[b.n0:b.n0 + b.nb, :, b.r0:b.r1] = grid.swapaxes(0, 1)
@@ -908,7 +976,7 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
             if out is not None and out.shape[-1] == span:     # no halo after axis 0: write in place
                 _sum_products(pairs, out)
                 return
-            y = np.empty((g, og, rows), dtype=dtype)
+            y = _scratch("b", (g, og, rows), dtype)
             _sum_products(pairs, y[:, :, :span])
             grid = y.reshape((spec.oc, b.nb, rows0) + geom.q[1:])
             valid = grid[(slice(None), slice(None), slice(0, b.r1 - b.r0)) + inner]
@@ -1115,19 +1183,19 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
             nsp = spec.nsp
             layout = layouts[b]
             if layout == "channels":                   # Z^T = dY^T @ W_tc, stored (rows, G, T*Cg)
-                z = np.empty((rows, g, t * cg), dtype=dtype)
+                z = _scratch("a", (rows, g, t * cg), dtype)
                 matmul_into(dy.swapaxes(1, 2), w_tc, z.transpose(1, 0, 2), False)
                 padded = np.zeros((b.nb,) + _padded_rows(spec, b) + (spec.ic,), dtype=dtype)
                 _col2im_channels_last(spec, z.reshape(block_dst + (g, t, cg)),
                                       padded.reshape(padded.shape[:-1] + (g, cg)))
                 return b, np.moveaxis(padded, -1, 1)   # (nb, C, *padded rows) view
             if layout == "rows":                       # Z^T = dY^T @ W_cols^T, stored (rows, G, Cg*T)
-                z = np.empty((rows, g, cg * t), dtype=dtype)
+                z = _scratch("a", (rows, g, cg * t), dtype)
                 matmul_into(dy.swapaxes(1, 2), w_cols.swapaxes(1, 2), z.transpose(1, 0, 2), False)
                 z = z.reshape(block_dst + (g, cg) + spec.kernel)
                 z = z.transpose((nsp + 1, nsp + 2) + tuple(range(nsp + 3, 2 * nsp + 3)) + tuple(range(nsp + 1)))
             else:
-                z = np.empty((g, cg * t, rows), dtype=dtype)
+                z = _scratch("a", (g, cg * t, rows), dtype)
                 matmul_into(w_cols, dy, z, False)
                 z = z.reshape((g, cg) + spec.kernel + block_dst)
             padded = np.zeros((b.nb, spec.ic) + _padded_rows(spec, b), dtype=dtype)
@@ -1169,7 +1237,7 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
         if res is not None and res.shape[-1] == span:         # the one phase is dsrc itself
             _sum_products(((w[i], dy[:, :, base - off:base - off + span]) for i, (_, off) in enumerate(geom.taps)), res)
             return
-        res = np.empty((g, cg, span), dtype=dtype)
+        res = _scratch("a", (g, cg, span), dtype)
         for p, taps_p in enumerate(by_phase):
             sl = _phase_slices(spec, geom.phases[p], q_lo, q_hi)
             if sl is None:
