@@ -783,3 +783,23 @@ def test_scratch_buffers_are_written_before_read_and_never_returned(monkeypatch)
                     assert rel_err(a, b) <= 1e-5, (name, alg, str(spec), rows)
                     np.testing.assert_array_equal(a, c, err_msg=f"{name} {alg} {spec} {rows}")
                     assert not any(np.shares_memory(a, s) for s in seen), (name, alg, str(spec))
+
+
+def test_release_scratch_drops_every_threads_buffers():
+    """``gemm.release_scratch`` (the benchmark's peak-memory measurement relies on it):
+    after it, the calling thread and a pool thread get fresh buffers, not the kept ones."""
+    from convgrad.kernels import gemm
+
+    def grab():
+        return gemm._scratch("a", (1000,), np.float32)
+
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(1) as other:           # one long-lived thread, like a pool worker
+        def in_other():
+            return other.submit(grab).result()
+
+        mine, theirs = grab(), in_other()
+        assert np.shares_memory(grab(), mine) and np.shares_memory(in_other(), theirs)   # kept
+        gemm.release_scratch()
+        assert not np.shares_memory(grab(), mine)
+        assert not np.shares_memory(in_other(), theirs)

@@ -608,8 +608,12 @@ def _time(call, warmup: int, reps: int, max_seconds: float) -> list[float]:
 
 
 def _peak_bytes(call) -> int:
-    """Peak bytes NumPy allocated during one call (temporaries and the result)."""
+    """Peak bytes NumPy allocated during one call (temporaries and the result; the block
+    buffers threads keep between calls are dropped first, so they are counted)."""
     import tracemalloc
+
+    from .kernels import gemm
+    gemm.release_scratch()
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()

@@ -331,9 +331,20 @@ SCRATCH_KEEP = 16 << 20       # bytes
 class _Scratch(threading.local):
     def __init__(self) -> None:
         self.bufs: dict[str, np.ndarray] = {}
+        self.generation = 0
 
 
 _SCRATCH = _Scratch()
+_GENERATION = [0]      # bumped by release_scratch; a thread drops older buffers on next use
+
+
+def release_scratch() -> None:
+    """Drop the block buffers every thread keeps: the calling thread's now, the pool
+    threads' at their next block (so the next call allocates, and pays for, fresh ones:
+    the benchmark's peak-memory measurement uses this)."""
+    _GENERATION[0] += 1
+    _SCRATCH.bufs.clear()
+    _SCRATCH.generation = _GENERATION[0]
 
 
 def _scratch(slot: str, shape: tuple[int, ...], dtype) -> np.ndarray:
@@ -344,6 +355,9 @@ def _scratch(slot: str, shape: tuple[int, ...], dtype) -> np.ndarray:
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes > SCRATCH_KEEP:
         return np.empty(shape, dtype=dtype)
+    if _SCRATCH.generation != _GENERATION[0]:
+        _SCRATCH.bufs.clear()
+        _SCRATCH.generation = _GENERATION[0]
     bufs = _SCRATCH.bufs
     buf = bufs.get(slot)
     if buf is None or buf.nbytes < nbytes:
