@@ -32,8 +32,12 @@ the same operations in the same order as three passes, a third of the traffic on
 
 Order of every sum (fixed, independent of the chunking and of the thread count): fwd, taps
 row-major; bwd_data, ``m`` then the taps of the element's phase row-major; bwd_weights,
-per lane ``p % LANES`` over images then ``p``, then the lanes folded in halves (lane ``j``
-plus lane ``j + ceil(width/2)``) down to FOLD, added left to right in float64.
+per lane ``p % R`` and block of BLOCK positions a sum from zero over ``p`` ascending (kept
+in registers, ``_group``), added to the lane's running sum block after block, image after
+image; then the lanes folded in halves (lane ``j`` plus lane ``j + ceil(width/2)``) down
+to FOLD, added left to right in float64. Measured (one core, the tap loops alone): the
+register groups run 19 GFMA/s on 32x112^2 and 15 on 256x28^2, where 256 lanes in memory
+(four blocks per pass) ran 14 and 9.
 """
 
 from __future__ import annotations
