@@ -58,8 +58,9 @@ PARALLEL_FACTOR = {False: {"fwd": 1.0, "bwd_data": 1.0, "bwd_weights": 0.5},
 # that wakes late takes fewer) and the fewest multiply-adds worth one chunk.
 CHUNKS_PER_WORKER = 4
 MIN_CHUNK_MACS = 1 << 17
-# Partial sums per weight-gradient tap (the compiled loops read it from here).
-LANES = 256
+# Partial sums per weight-gradient tap, positions p % LANES (the compiled loops read it
+# from here): one AVX2 vector of float32, kept in a register while a block runs.
+LANES = 8
 # Problems with at most SMALL_IMAGE output positions per image (weight gradient: at most
 # SMALL_IMAGE_BWD_WEIGHTS) run channels-last (``*_cl``): blocks of CB_CHANNELS channels
 # transposed to (position, channel), channels innermost. Measured crossover (mobilenet
@@ -164,9 +165,14 @@ def _scratch_bytes(spec: ConvSpec, direction: str, itemsize: int, cl: bool, cb: 
     elif direction == "bwd_data":
         elems = grids + geom.max_off + total + 6 * max(spec.src)     # + the dx cell map (int64)
     else:
-        elems = grids + total + spec.ocg * taps * min(lanes, total) + 16
+        elems = grids + total + 2 * lanes + spec.ocg * (taps + 1) * lanes + 16
     if cl:      # transposed blocks of src, dst (all multipliers), weights; the column tables
-        elems = cb * (math.prod(spec.src) + spec.ocg * math.prod(spec.dst) + spec.ocg * taps) \
+        cells = math.prod(spec.src)
+        if direction == "bwd_weights":      # src as a zero-padded grid; the sums (+ a spare row)
+            cells = max(cells, math.prod((o - 1) * s + (k - 1) * d + 1 for o, s, k, d in
+                                         zip(spec.dst, spec.strides, spec.kernel, spec.dilations)))
+            taps += 1
+        elems = cb * (cells + spec.ocg * math.prod(spec.dst) + spec.ocg * taps) \
             + 2 * (max(spec.src) + 2) * max(spec.kernel)
     return int(elems) * itemsize + 1024
 
