@@ -803,3 +803,49 @@ def test_release_scratch_drops_every_threads_buffers():
         gemm.release_scratch()
         assert not np.shares_memory(grab(), mine)
         assert not np.shares_memory(in_other(), theirs)
+
+
+def test_whole_window_products_match_reference(monkeypatch):
+    """A kernel the size of the unpadded image (one window per image: a dense layer, the
+    data gradient of a transposed conv from a 1x1x1 latent) runs as plain products on the
+    canonical arrays (``gemm.whole_window_spec``). Against the float64 reference for every
+    direction, groups, C_in != C_out, 1-3 spatial axes, non-square kernels, strides (the
+    output is one position whatever they are), float32 and float64; bitwise identical on
+    1 and 2 threads and under a small cap; strided inputs take the general path and agree."""
+    from convgrad.kernels import gemm
+    monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 1000)            # several blocks even here
+    rng = np.random.default_rng(71)
+    cases = [_spec(3, 4, 6, 2, (5,), (5,), (1,), (1,), (0,), (0,)),
+             _spec(8, 6, 10, 1, (4, 7), (4, 7), (2, 3), (1, 1), (0, 0), (0, 0)),
+             _spec(2, 3, 5, 1, (3, 2, 4), (3, 2, 4), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)),
+             _spec(16, 8, 16, 1, (12, 12, 12), (12, 12, 12), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))]
+    assert all(gemm.whole_window_spec(s) for s in cases)
+    assert not gemm.whole_window_spec(_spec(2, 3, 5, 1, (5, 6), (5, 5), (1, 1), (1, 1), (0, 0), (0, 0)))
+    assert not gemm.whole_window_spec(_spec(2, 3, 5, 1, (5,), (3,), (1,), (2,), (0,), (0,)))
+    for spec in cases:
+        for dt in (np.float32, np.float64):
+            x = rng.standard_normal(spec.src_shape).astype(dt)
+            w = rng.standard_normal(spec.weights_shape).astype(dt)
+            dy = rng.standard_normal(spec.dst_shape).astype(dt)
+            want = (ref.conv_forward(spec, x, w), ref.conv_backward_weights(spec, x, dy),
+                    ref.conv_backward_data(spec, dy, w))
+            tol = 1e-5 if dt == np.float32 else 1e-12
+            for alg in FAST:
+                def run(xx=x, ww=w, dd=dy):
+                    return (cg.conv_forward(xx, ww, algorithm=alg, **_kw(spec)),
+                            cg.conv_backward_weights(xx, dd, spec.kernel, algorithm=alg, **_kw(spec)),
+                            cg.conv_backward_data(dd, ww, spec.src, algorithm=alg, **_kw(spec)))
+                cg.set_num_threads(2)
+                two = run()
+                cg.set_num_threads(1)
+                one = run()
+                cg.set_num_threads(None)
+                with cg.workspace_limit(1 << 16):
+                    capped = run()
+                strided = run(x[..., ::-1].copy()[..., ::-1], np.asfortranarray(w), dy.copy(order="F"))
+                for name, a, b, c, d, e in zip(("fwd", "bwd_weights", "bwd_data"), two, want, one, capped, strided):
+                    assert a.dtype == dt and a.shape == b.shape
+                    assert rel_err(a, b) <= tol, (name, alg, str(spec), dt)
+                    np.testing.assert_array_equal(a, c, err_msg=f"{name} {alg} {spec}")
+                    np.testing.assert_array_equal(a, d, err_msg=f"{name} {alg} {spec}")
+                    assert rel_err(e, b) <= tol, (name, alg, str(spec), dt)
