@@ -43,9 +43,9 @@ register groups run 19 GFMA/s on 32x112^2 and 15 on 256x28^2, where 256 lanes in
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import carray, njit
+
+from ._jit_common import JIT, stack_registers
 
 FOLD = 4         # lanes left by the halving fold of the weight gradient, added in float64
 from .depthwise import LANES as R     # weight-gradient lanes (positions p % R)
@@ -387,21 +387,7 @@ def backward_data(dy, dyc0, w, dx, dxc0, c0, c1, geo):
             _write_dx(dx[n, c - dxc0], dp, total, q, nres, loc_r, loc_q, geo, row_map)
 
 
-@intrinsic
-def _registers(typingctx, dtype_t):
-    """A pointer to ``TB * R`` elements of ``dtype`` on the stack (``alloca``; the trick of
-    ``_thin_jit``): indexed only with constants after unrolling, LLVM keeps them in vector
-    registers (a heap array may alias the other arrays, so every update went to memory)."""
-    dt = dtype_t.dtype
-
-    def impl(context, builder, sig, args):
-        return cgutils.alloca_once(builder, context.get_value_type(dt), size=TB * R)
-    return types.CPointer(dt)(dtype_t), impl
-
-
-# ``contract`` only (no reassociation): each ``r + g*x`` may become one FMA, the same
-# additions in the same order, so the sums stay fixed whatever the chunking or threads.
-JIT = dict(nogil=True, cache=True, fastmath={"contract"})
+_registers = stack_registers(TB * R)     # the register tile (``_jit_common``)
 
 
 @njit(**JIT)

@@ -38,9 +38,9 @@ ascending, taps row-major inside).
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import carray, njit
+
+from ._jit_common import JIT, stack_registers
 
 from .thin import OB, R     # register tile: output channels x positions (the loops below are written out for OB = 3)
 
@@ -86,24 +86,7 @@ def _fill(x, c_lo, cg, buf, width, lo, hi, q0, q1, q2, p0, p1, p2):
         f = end
 
 
-@intrinsic
-def _registers(typingctx, dtype_t):
-    """A pointer to ``OB * R`` elements of ``dtype`` on the stack (``alloca``): indexed only
-    with constants after unrolling, LLVM keeps them in vector registers (a heap array, such
-    as ``np.empty``, may alias the other arrays, so every update went through memory)."""
-    dt = dtype_t.dtype
-
-    def impl(context, builder, sig, args):
-        return cgutils.alloca_once(builder, context.get_value_type(dt), size=OB * R)
-    return types.CPointer(dt)(dtype_t), impl
-
-
-# ``contract`` (and no other fast-math flag) lets LLVM fuse each ``r + w*x`` into one FMA:
-# the same additions in the same order, each rounded once instead of twice. Every
-# position of a register tile runs the same vector instructions (no scalar remainder), so
-# results stay bitwise identical across tiles and threads. Measured (register tile in L1,
-# one Zen 3 core): mul + add 62 GFLOP/s (4 x 16 tile; larger tiles spill), FMA 88 (3 x 32).
-JIT = dict(nogil=True, cache=True, fastmath={"contract"})
+_registers = stack_registers(OB * R)     # the register tile (``_jit_common``)
 
 
 @njit(**JIT)
