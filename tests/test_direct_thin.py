@@ -1,5 +1,5 @@
 """The compiled thin-channel kernel (``algorithm="direct"`` on problems with more than one
-input channel per group, kernels/thin.py): fwd and bwd_data against the float64 reference
+input channel per group, kernels/thin.py): fwd, bwd_data and bwd_weights against the float64 reference
 on random stride-1 problems (1-3-D, groups, C_in != C_out, non-square non-symmetric
 kernels, dilations, padding, every remainder), determinism across threads, tiles and
 workspace caps, inputs untouched, and the errors of the keyword where it cannot run."""
@@ -36,20 +36,24 @@ def _spec(n, ic, oc, g, src, k, d, pb, pe):
 
 
 def _both(spec, x, w, dy, **extra):
-    out = [cg.conv_forward(x, w, **_kw(spec), **extra)]
+    """fwd, bwd_weights and (where ``direct`` runs it) bwd_data."""
+    out = [cg.conv_forward(x, w, **_kw(spec), **extra),
+           cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), **extra)]
     if thin.eligible(spec, "bwd_data"):
         out.append(cg.conv_backward_data(dy, w, spec.src, **_kw(spec), **extra))
     return out
 
 
 def _check(spec, rng, dtype=np.float64):
-    assert thin.eligible(spec, "fwd")
+    assert thin.eligible(spec, "fwd") and thin.eligible(spec, "bwd_weights")
     x, w, dy = _inputs(spec, rng, dtype)
     got = _both(spec, x, w, dy, algorithm="direct")
     x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
-    want = [ref.conv_forward(spec, x64, w64), ref.conv_backward_data(spec, dy64, w64)]
+    want = [ref.conv_forward(spec, x64, w64), ref.conv_backward_weights(spec, x64, dy64),
+            ref.conv_backward_data(spec, dy64, w64)]
     t = int(np.prod(spec.kernel))
-    for name, a, b, red in zip(("fwd", "bwd_data"), got, want, (spec.icg * t, spec.ocg * t)):
+    reductions = (spec.icg * t, spec.mb * int(np.prod(spec.dst)), spec.ocg * t)
+    for name, a, b, red in zip(("fwd", "bwd_weights", "bwd_data"), got, want, reductions):
         assert a.dtype == dtype and a.shape == b.shape, (name, str(spec))
         err = rel_err(a, b)
         # float64: rounding only; float32: rounding grows with the reduction length
@@ -134,9 +138,14 @@ def test_thin_bitwise_across_threads_tiles_caps_and_layouts(monkeypatch):
         readonly = _both(spec, *ro, algorithm="direct")
         cap = max(thin._scratch(thin._as_forward(spec, d), 4) + x.nbytes + dy.nbytes + w.nbytes
                   for d in ("fwd", "bwd_data"))
+        partials = (len(thin._bw_cuts(spec)) - 1) * w.size * 8
+        cap = max(cap, thin._bw_scratch(spec, 4) + x.nbytes + dy.nbytes + partials)
         tight = _both(spec, xs, w, dys, algorithm="direct", workspace_limit=cap)
-        for buffer_bytes in (1 << 10, 1 << 20):                 # 64-position and 4096-position tiles
+        monkeypatch.setattr(thin, "BW_MIN_TILE", 8)
+        # 64- and 4096-position forward tiles; 8-position and chunk-long weight-gradient tiles
+        for buffer_bytes in (1 << 10, 1 << 20):
             monkeypatch.setattr(thin, "BUFFER_BYTES", buffer_bytes)
+            monkeypatch.setattr(thin, "BW_BUFFER_BYTES", buffer_bytes)
             other = _both(spec, x, w, dy, algorithm="direct")
             for a, b in zip(other, one):
                 np.testing.assert_array_equal(a, b)
@@ -175,6 +184,38 @@ def test_thin_cap_too_small_raises_and_automatic_choice_falls_back():
     assert rel_err(y, ref.conv_forward(spec, x.astype(np.float64), w.astype(np.float64))) <= 1e-5
 
 
+@needs_numba
+@pytest.mark.parametrize("ocg", [1, 2, 3, 4, 5])
+def test_thin_weight_gradient_chunks_lanes_and_padding_rows(ocg, monkeypatch):
+    """Many chunks (each group's positions cut at multiples of the lanes), short tiles,
+    output channels and terms that do not fill the register tile (4 x 3), positions that
+    do not fill the lanes, in float64 and float32; and the chunk partials' float64 sum."""
+    monkeypatch.setattr(thin, "BW_CHUNK_POSITIONS", 40)
+    monkeypatch.setattr(thin, "BW_MIN_TILE", 16)
+    monkeypatch.setattr(thin, "BW_BUFFER_BYTES", 1 << 10)
+    rng = np.random.default_rng(60 + ocg)
+    for dt in (np.float64, np.float32):
+        _check(_spec(2, 4, 2 * ocg, 2, (301,), (2,), (3,), (1,), (0,)), rng, dt)
+        _check(_spec(3, 5, ocg, 1, (13, 11), (3, 2), (1, 2), (2, 1), (0, 1)), rng, dt)
+        _check(_spec(1, 2, ocg, 1, (5, 6, 7), (2, 1, 3), (1, 1, 1), (1, 0, 0), (0, 0, 2)), rng, dt)
+    assert len(thin._bw_cuts(_spec(2, 4, 2, 2, (301,), (2,), (3,), (1,), (0,)))) - 1 == thin.BW_CHUNKS
+
+
+@needs_numba
+def test_thin_weight_gradient_cap():
+    """The weight gradient's partial sums and tile buffers count against the cap: too small
+    a cap raises for ``direct`` and sends the automatic choice to the GEMM lowerings."""
+    spec = _spec(1, 8, 8, 1, (300,), (3,), (1,), (1,), (1,))
+    rng = np.random.default_rng(12)
+    x, w, dy = _inputs(spec, rng, np.float32)
+    assert cg.choose_algorithm(spec, "bwd_weights") == "direct"
+    with pytest.raises(cg.WorkspaceError, match="bwd_weights: the workspace limit"):
+        cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="direct", workspace_limit=2000)
+    assert not thin.fits(spec, "bwd_weights", np.float32, 20_000)
+    got = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), workspace_limit=20_000)
+    assert rel_err(got, ref.conv_backward_weights(spec, x.astype(np.float64), dy.astype(np.float64))) <= 1e-5
+
+
 def test_thin_keyword_errors(monkeypatch):
     """``direct`` refuses what neither of its kernels runs, naming the problem."""
     rng = np.random.default_rng(10)
@@ -183,11 +224,11 @@ def test_thin_keyword_errors(monkeypatch):
     with pytest.raises(cg.ConvValueError, match=r"conv_forward: algorithm 'direct' expects a depthwise problem"
                                                 r".*strides \[2, 1\]"):
         cg.conv_forward(x, w, strides=(2, 1), groups=2, algorithm="direct")
-    dense = _spec(1, 4, 6, 2, (6, 5), (3, 2), (1, 1), (0, 0), (0, 0))
-    x, w, dy = _inputs(dense, rng, np.float32)
+    x, w, dy = _inputs(strided, rng, np.float32)
     with pytest.raises(cg.ConvValueError, match=r"conv_backward_weights: algorithm 'direct' expects a depthwise "
-                                                r"problem .* for bwd_weights"):
-        cg.conv_backward_weights(x, dy, dense.kernel, **_kw(dense), algorithm="direct")
+                                                r"problem .*strides \[2, 1\].* for bwd_weights"):
+        cg.conv_backward_weights(x, dy, strided.kernel, strides=(2, 1), groups=2, algorithm="direct")
+    dense = _spec(1, 4, 6, 2, (6, 5), (3, 2), (1, 1), (0, 0), (0, 0))
     big_pad = _spec(1, 4, 6, 2, (6, 5), (3, 2), (1, 1), (3, 0), (0, 0))   # pad 3 > (K-1)*d = 2
     x, w, dy = _inputs(big_pad, rng, np.float32)
     with pytest.raises(cg.ConvValueError, match=r"conv_backward_data: algorithm 'direct' expects"):
@@ -209,8 +250,8 @@ def test_thin_dispatch_rule():
     grouped = make_spec("t", mb=1, ic=128, oc=128, groups=8, src=(165, 165), kernel=(3, 3), strides=1,
                         pads_begin=1, pads_end=1)
     for spec in (wavenet, grouped):
-        assert cg.choose_algorithm(spec, "fwd") == cg.choose_algorithm(spec, "bwd_data") == "direct"
-        assert cg.choose_algorithm(spec, "bwd_weights") in ("taps", "im2col")
+        for direction in dispatch.DIRECTIONS:
+            assert cg.choose_algorithm(spec, direction) == "direct", direction
         assert cg.choose_algorithm(spec, "fwd", direct=False) in ("taps", "im2col")
         assert cg.choose_algorithm(spec, "fwd", np.float16) == "direct"       # computed in float32
         assert cg.choose_algorithm(spec, "fwd", np.float64) in ("taps", "im2col")   # the tile spills
@@ -238,3 +279,11 @@ def test_thin_dispatch_rule():
     assert cg.choose_algorithm(unet_mid, "bwd_data") in ("taps", "im2col")
     for direction in ("fwd", "bwd_data"):
         assert cg.choose_algorithm(unet_deep, direction) in ("taps", "im2col")
+    # weight gradients: thin channels or few inputs on 1-D / 2-D problems only
+    first = make_spec("t", mb=2, ic=3, oc=64, groups=1, src=(112, 112), kernel=(3, 3), pads_begin=1, pads_end=1)
+    assert cg.choose_algorithm(first, "bwd_weights") == "direct"
+    wide_out = make_spec("t", mb=2, ic=3, oc=256, groups=1, src=(64, 64), kernel=(3, 3), pads_begin=1, pads_end=1)
+    resnet = make_spec("t", mb=2, ic=64, oc=64, groups=1, src=(56, 56), kernel=(3, 3), pads_begin=1, pads_end=1)
+    for spec in (wide_out, resnet, unet_in, unet_mid):
+        assert cg.choose_algorithm(spec, "bwd_weights") in ("taps", "im2col"), str(spec)
+    assert dispatch.THIN_BWD_WEIGHTS_MAX_CHANNELS <= dispatch.THIN_MAX_CHANNELS

@@ -28,10 +28,10 @@ to the reference kernel, which accumulates in int64), then a cost model,
   against ``taps`` on the nine mobilenet depthwise layers, 2 threads, a loaded machine:
   1.2-4x faster in forward and data gradients; weight gradients 1.1-2x faster; the two
   that tied, 56x56 stride 2 and 28x28, now 0.35 vs 0.71 ms and 0.51 vs 0.83 ms). For the
-  other problems with stride 1, ``kernels/thin.py`` runs fwd and bwd_data as register-tiled
-  direct loops; it is chosen for kernels of more than one tap with at most
-  ``THIN_MAX_CHANNELS`` channels per group (``thin_pays``, measured numbers there), where
-  the GEMMs have a small dimension.
+  other problems with stride 1, ``kernels/thin.py`` runs all three directions as
+  register-tiled direct loops; it is chosen for kernels of more than one tap with at most
+  ``THIN_MAX_CHANNELS`` channels per group (fewer for weight gradients; ``thin_pays``,
+  measured numbers there), where the GEMMs have a small dimension.
 
 The model charges the GEMM flops at a rate that falls with the smallest GEMM dimension
 (``RATE_KNEE``: a 64-wide GEMM runs at ~0.8 of peak), plus the copies and adds around
@@ -199,8 +199,7 @@ def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32,
     return _cheapest(spec, direction)
 
 
-# The thin-channel kernel is chosen automatically for the problems it runs (stride 1, fwd
-# and bwd_data) with a kernel of more than one tap and at most THIN_MAX_CHANNELS input and
+# The thin-channel kernel is chosen automatically for the problems it runs (stride 1) with a kernel of more than one tap and at most THIN_MAX_CHANNELS input and
 # output channels per group. Measured in-process against the better of ``taps`` and
 # ``im2col`` (float32, 1 and 2 threads on the loaded 2-core dev VM; ratio = GEMM time /
 # direct time, fwd and bwd_data): wavenet 32 channels k2 1.3-1.5, grouped 8 x 16 channels
@@ -208,7 +207,7 @@ def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32,
 # 2.5-2.6, 48 channels 3x3 1.15-1.7, 64 channels 56^2 1.26-1.31, 128 channels 28^2 1.08-1.35,
 # 64 channels k3 1-D 1.15-1.19, 3-D 32 channels 3x3x3 24^3 1.26-1.36. It loses on 1x1
 # kernels (a plain GEMM: 512 -> 256 channels 0.66-0.71, 32 channels 0.8-1.2), which stay
-# with the GEMM lowerings, as do wider groups (not measured) and every weight gradient.
+# with the GEMM lowerings, as do wider groups (not measured). Weight gradients: below.
 # Only for float32 compute (half types included): in float64 the 3 x 32 register tile
 # spills (wavenet 0.65-0.79, 64 channels 0.64-0.66, 3-D 0.70; grouped 1.2), so float64
 # keeps the GEMMs.
@@ -227,6 +226,19 @@ THIN_MIN_DENSITY = 0.5
 # 32 -> 64 19x22x22 9.4 / 8.7, 64 ch 24^3 57 / 43, 64 -> 128 12x14x14 13.7 / 8.2.
 THIN_3D_MIN_DENSITY = 0.7
 THIN_3D_BWD_DATA_MAX_CHANNELS = 32
+# The weight gradient (a lane-sum register tile, kernels/_thin_jit.py) wins where the
+# GEMMs have a small side: at most THIN_BWD_WEIGHTS_MAX_CHANNELS channels per group, or a
+# first layer with at most THIN_BWD_WEIGHTS_FEW_INPUTS input channels and at most 64
+# outputs; on 1-D and 2-D problems (3-D halos make its tile copies outweigh it). Measured
+# in-process (float32, ms, best GEMM / direct, 1 and 2 threads): wavenet 32 ch k2 84350
+# 1.13 / 1.27, mb32 x 2635 1.23 / 1.44, mb512 x 164 1.30 / 1.25; grouped 8 x 16 ch 3x3
+# 165^2 1.44 / 1.87; 32 groups of 4 3.15 / 2.19; 16 ch 128^2 1.74 / 1.47; 32 ch 112^2
+# 1.21 / 1.35; 32 ch 28^2 mb8 1.29 / 1.55; 24 -> 40 ch 5x3 1.23 / 1.25; 3 -> 64 ch 112^2
+# 1.45 / 1.37; 3 -> 32 224^2 1.44 / 1.69; 8 -> 64 5x5 0.95 / 1.34. Losses kept on the
+# GEMMs: 48 ch 40^2 0.84 / 1.09, 64 ch 56^2 0.80 / 0.81, 128 ch 28^2 0.51 / 0.45,
+# 3 -> 256 ch 0.64 / 0.97, 3-D 32 -> 64 ch 19x22x22 0.82 / 0.85.
+THIN_BWD_WEIGHTS_MAX_CHANNELS = 40
+THIN_BWD_WEIGHTS_FEW_INPUTS = 8
 
 
 def thin_pays(spec: ConvSpec, direction: str) -> bool:
@@ -235,7 +247,11 @@ def thin_pays(spec: ConvSpec, direction: str) -> bool:
         return False
     if max(spec.icg, spec.ocg) > THIN_MAX_CHANNELS:
         return False
-    out = spec.dst if direction == "fwd" else spec.src      # outputs of the forward loop
+    if direction == "bwd_weights" and (spec.nsp == 3 or (
+            max(spec.icg, spec.ocg) > THIN_BWD_WEIGHTS_MAX_CHANNELS
+            and not (spec.icg <= THIN_BWD_WEIGHTS_FEW_INPUTS and spec.ocg <= 64))):
+        return False
+    out = spec.src if direction == "bwd_data" else spec.dst     # positions the loops walk
     grid = _prod(o + (k - 1) * d for o, k, d in zip(out, spec.kernel, spec.dilations))
     if spec.nsp == 3:
         if direction == "bwd_data" and max(spec.icg, spec.ocg) > THIN_3D_BWD_DATA_MAX_CHANNELS:
@@ -246,7 +262,7 @@ def thin_pays(spec: ConvSpec, direction: str) -> bool:
 
 def direct_kernel(spec: ConvSpec):
     """The module that runs ``direct`` for this problem: ``depthwise`` (one input channel
-    per group) or ``thin`` (the others; stride 1, fwd and bwd_data)."""
+    per group) or ``thin`` (the others; stride 1)."""
     return depthwise if depthwise.eligible(spec) else thin
 
 
@@ -258,8 +274,8 @@ def check_direct(op: str, spec: ConvSpec, direction: str | None = None) -> None:
         if not all(thin.eligible(spec, d) for d in dirs):
             raise ConvValueError(
                 f"{op}: algorithm 'direct' expects a depthwise problem (C_IN / groups = 1, 1 to 3 spatial axes), "
-                f"or, for fwd and bwd_data only, stride 1 with pads at most (K - 1) * dilation on 1 to 3 spatial "
-                f"axes, but got C_IN {spec.ic}, groups {spec.groups} ({spec.icg} channels per group), "
+                f"or stride 1 on 1 to 3 spatial axes (for bwd_data also pads at most (K - 1) * dilation), "
+                f"but got C_IN {spec.ic}, groups {spec.groups} ({spec.icg} channels per group), "
                 f"{spec.nsp} spatial axes, strides {list(spec.strides)}, pads_begin {list(spec.pads_begin)}, "
                 f"pads_end {list(spec.pads_end)}" + (f" for {direction}" if direction else ""))
     if not depthwise.available():

@@ -178,7 +178,7 @@ def _run(direction: str, spec: ConvSpec, a: np.ndarray, b: np.ndarray, out_dtype
         res = fn(spec, a.astype(acc), b.astype(acc))
     elif algorithm == "direct":
         kernel = dispatch.direct_kernel(spec)
-        fn = {"fwd": kernel.conv_forward, "bwd_weights": getattr(kernel, "conv_backward_weights", None),
+        fn = {"fwd": kernel.conv_forward, "bwd_weights": kernel.conv_backward_weights,
               "bwd_data": kernel.conv_backward_data}[direction]
         res = fn(spec, a, b, dtype=cdt, workspace_limit=limit)
     else:

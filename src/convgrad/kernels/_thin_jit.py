@@ -223,3 +223,162 @@ def forward(x, w, y, geo, i0, i1):
             _block2(out, row, col, cnt, buf, wg, ocg - ocg % OB, ocg - 1, offs)
         if not direct:
             _scatter(y, g * ocg, ocg, acc, lo, cnt, q0, q1, q2, outs0, outs1, outs2)
+
+
+# ---------------------------------------------------------------------------------------
+# Weight gradient (stride 1). With the same flat padded grids,
+#     dw[o, c, k] = sum_{p < span} dyw[o, p] * xpad_flat[c, p + off(k)]
+# where ``dyw`` is diff_dst on the flat grid with zeros in the wide cells: a product whose
+# reduction (positions) is long and whose output (output channels x terms u = (c, k)) is
+# small. Register tile: ``WO`` output channels x ``WU`` terms x ``L`` lanes of partial sums,
+# lane ``l`` summing the positions ``p = l mod L`` of a tile; per L positions it loads WO
+# rows of dyw and WU rows of the input buffer (7 loads for 12 multiply-adds) and multiplies
+# them element by element (no reduction inside a vector, so LLVM vectorizes it without
+# reassociation). Each tile's sums start at zero and are added to the lane sums of the
+# chunk, tile after tile; the caller adds the chunks in order and then the lanes.
+# ---------------------------------------------------------------------------------------
+
+WO = 4
+WU = 3
+L = 8
+L_U = np.uint64(L)
+
+_wregs = stack_registers(WO * WU * L)
+
+
+@njit(**JIT)
+def _wtile(lanes, o, dyb, buf, offs, n):
+    """lanes[o + i, u, l] += dyb[o + i, p] * buf[offs[u] + p] for p = l, l + L, ... < n
+    (one addition after the other), for i < WO and every term u, WU terms at a time
+    (``n`` a multiple of L). The register tile is loaded from the lane sums and stored back,
+    so each lane is one running sum over its positions whatever the tile length."""
+    y0, y1, y2, y3 = dyb[o], dyb[o + 1], dyb[o + 2], dyb[o + 3]
+    l0, l1, l2, l3 = lanes[o], lanes[o + 1], lanes[o + 2], lanes[o + 3]
+    for uu in range(0, offs.shape[0], WU):
+        r = carray(_wregs(buf.dtype), WO * WU * L)
+        for j in range(WU):
+            a0, a1, a2, a3 = l0[uu + j], l1[uu + j], l2[uu + j], l3[uu + j]
+            for l in range(L):
+                r[j * L + l] = a0[l]
+                r[(3 + j) * L + l] = a1[l]
+                r[(6 + j) * L + l] = a2[l]
+                r[(9 + j) * L + l] = a3[l]
+        b0, b1, b2 = offs[uu], offs[uu + 1], offs[uu + 2]
+        for p0 in range(0, n, L):
+            up = np.uint64(p0)
+            for l in range(L_U):
+                x0 = buf[b0 + up + l]
+                x1 = buf[b1 + up + l]
+                x2 = buf[b2 + up + l]
+                v = y0[up + l]
+                r[l] += v * x0
+                r[L + l] += v * x1
+                r[2 * L + l] += v * x2
+                v = y1[up + l]
+                r[3 * L + l] += v * x0
+                r[4 * L + l] += v * x1
+                r[5 * L + l] += v * x2
+                v = y2[up + l]
+                r[6 * L + l] += v * x0
+                r[7 * L + l] += v * x1
+                r[8 * L + l] += v * x2
+                v = y3[up + l]
+                r[9 * L + l] += v * x0
+                r[10 * L + l] += v * x1
+                r[11 * L + l] += v * x2
+        for j in range(WU):
+            a0, a1, a2, a3 = l0[uu + j], l1[uu + j], l2[uu + j], l3[uu + j]
+            for l in range(L):
+                a0[l] = r[j * L + l]
+                a1[l] = r[(3 + j) * L + l]
+                a2[l] = r[(6 + j) * L + l]
+                a3[l] = r[(9 + j) * L + l]
+
+
+@njit(nogil=True, cache=True)
+def _gather(dyb, dy, o_lo, ocg, lo, cnt, q0, q1, q2, outs0, outs1, outs2):
+    """dyb[o, f - lo] = dy[n, o_lo + o][cell f] for real outputs among the flat cells
+    [lo, lo + cnt), zero for the wide cells (o < ocg; ``_scatter`` read the other way)."""
+    f = lo
+    while f < lo + cnt:
+        n, a, b, col = _cell(f, q0, q1, q2)
+        end = min(lo + cnt, f - col + q2)
+        stop = min(end - f, outs2 - col) if (a < outs0 and b < outs1 and col < outs2) else 0
+        for o in range(ocg):
+            dst = dyb[o, f - lo:end - lo]
+            if stop > 0:
+                src = dy[n, o_lo + o, a, b, col:col + stop]
+                for j in range(stop):
+                    dst[j] = src[j]
+            for j in range(max(stop, 0), end - f):
+                dst[j] = 0
+        f = end
+
+
+@njit(nogil=True, cache=True)
+def backward_weights(x, dy, part, geo, cuts, i0, i1, ocg_pad, n_u_pad):
+    """Items ``[i0, i1)`` of the flat list ``g*chunks + chunk``: item (g, ch) sums the
+    flat positions ``[cuts[ch], cuts[ch + 1])`` of group ``g`` (multiples of L) into L
+    lane sums per (output channel, term), walked in tiles of ``tile`` positions, then adds
+    the lanes in order (l = 0, 1, ..., L - 1, in float64) into ``part[ch, g]``. The sums
+    depend on the cuts, never on the tile length or on which thread runs the item."""
+    n_img = x.shape[0]
+    outs0, outs1, outs2 = dy.shape[2], dy.shape[3], dy.shape[4]
+    dd0, dd1, dd2 = geo[0], geo[1], geo[2]
+    p0, p1, p2 = geo[3], geo[4], geo[5]
+    tile = geo[6]                    # a multiple of L
+    ks0, ks1, ks2 = geo[7], geo[8], geo[9]
+    n_groups = part.shape[1]
+    ocg = part.shape[2]
+    n_chunks = cuts.shape[0] - 1
+    cg = x.shape[1] // n_groups
+    n_taps = ks0 * ks1 * ks2
+    q0 = outs0 + (ks0 - 1) * dd0
+    q1 = outs1 + (ks1 - 1) * dd1
+    q2 = outs2 + (ks2 - 1) * dd2
+    max_off = ((ks0 - 1) * dd0 * q1 + (ks1 - 1) * dd1) * q2 + (ks2 - 1) * dd2
+    span = (((n_img - 1) * q0 + outs0 - 1) * q1 + outs1 - 1) * q2 + outs2
+    width = tile + max_off
+    n_u = cg * n_taps
+    offs = np.empty(n_u_pad, np.uint64)
+    u = 0
+    for c in range(cg):
+        for k0 in range(ks0):
+            for k1 in range(ks1):
+                for k2 in range(ks2):
+                    offs[u] = c * width + (k0 * dd0 * q1 + k1 * dd1) * q2 + k2 * dd2
+                    u += 1
+    for v in range(n_u, n_u_pad):    # padding terms repeat the last one (their sums are dropped)
+        offs[v] = offs[n_u - 1]
+    # a tile rounds up to L positions: the cells read past its last input hold zeros or
+    # older inputs, multiplied by the zeros of dyb there
+    buf = np.zeros(cg * width, x.dtype)
+    dyb = np.zeros((ocg_pad, tile), dy.dtype)      # rows past ocg stay zero
+    lanes = np.empty((ocg_pad, n_u_pad, L), dy.dtype)
+    for item in range(i0, i1):
+        g = item // n_chunks
+        ch = item % n_chunks
+        lanes[:] = 0
+        for lo in range(cuts[ch], min(cuts[ch + 1], span), tile):
+            cnt = min(tile, min(cuts[ch + 1], span) - lo)
+            cnt_l = (cnt + L - 1) // L * L
+            _fill(x, g * cg, cg, buf, width, lo, lo + cnt + max_off, q0, q1, q2, p0, p1, p2)
+            _gather(dyb, dy, g * ocg, ocg, lo, cnt, q0, q1, q2, outs0, outs1, outs2)
+            for o in range(ocg):
+                row = dyb[o]
+                for j in range(cnt, cnt_l):
+                    row[j] = 0
+            for o in range(0, ocg_pad, WO):
+                _wtile(lanes, o, dyb, buf, offs, cnt_l)
+        _fold(part[ch, g], lanes)
+
+
+@njit(nogil=True, cache=True)
+def _fold(out, lanes):
+    """out[o, u] = lanes[o, u, 0] + ... + lanes[o, u, L-1] in float64, in lane order."""
+    for o in range(out.shape[0]):
+        for u in range(out.shape[1]):
+            s = 0.0
+            for l in range(L):
+                s += lanes[o, u, l]
+            out[o, u] = s

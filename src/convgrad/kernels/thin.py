@@ -13,16 +13,23 @@ The data gradient with stride 1 is the same forward loop: ``dsrc = conv(diff_dst
 with ``W'[g, c, o, j] = W[g, o, c, K-1-j]`` (the kernel flipped on every axis, input and
 output channels swapped per group) and pads ``(K-1)*d - p`` (``gemm.flipped_spec``, derived
 there). Only stride 1 (and, for the data gradient, pads at most ``(K-1)*d``) is supported.
-The weight gradient is not: a lane-sum register-tiled loop (3 output channels x 4 terms x
-8 lanes) measured no faster than ``taps`` on the wavenet and grouped shapes (0.93x and
-1.0x, one thread) and slower on two threads, so the GEMM lowerings keep it.
+
+The weight gradient with stride 1 walks the same flat grids the other way: for every
+(output channel, term ``(c, k)``) pair, a sum over positions of diff_dst (zero in the wide
+cells) times the input shifted by the tap's offset. Its register tile is 4 output channels
+x 3 terms x 8 lanes of partial sums (``_thin_jit.py``). A first lane-sum tile (3 x 4 x 8)
+had measured no faster than ``taps`` (0.93x). What decides it is the tile length: each
+register tile starts from zero and ends by adding its lanes once per tile, and the loop
+alone ran at 51 / 70 / 84 GFLOP/s on one core with tiles of 256 / 512 / 1536 positions,
+so tiles are sized to the L2 cache (``BW_BUFFER_BYTES``) rather than to L1.
 
 numba is optional, as for ``depthwise.py`` (same :func:`depthwise.available`). Work is the
 flat list of (group, position tile) items (tiles cut the images' padded grids laid end to
 end), cut into chunks of consecutive items on
-convgrad's own pool (``gemm.run_each``; no BLAS is called). Every output element is
-computed inside one tile in a fixed order, so results are bitwise identical whatever the
-thread count, the chunking or the workspace cap. Inputs that are C-contiguous in the
+convgrad's own pool (``gemm.run_each``; no BLAS is called). Every forward output element is
+computed inside one tile in a fixed order; the weight gradient's chunks are fixed by the
+problem (``BW_CHUNKS``) and their partial sums added in chunk order. So results are bitwise
+identical whatever the thread count or the workspace cap. Inputs that are C-contiguous in the
 compute type are read in place; others (half types, strided views) are converted whole,
 which is workspace and counted against the cap with each thread's scratch.
 """
@@ -84,13 +91,13 @@ def eligible(spec: ConvSpec, direction: str) -> bool:
     ``(K-1)*d``, so that it is a forward convolution of ``diff_dst``)."""
     if not (1 <= spec.nsp <= 3 and spec.icg > 1 and all(s == 1 for s in spec.strides)):
         return False
-    if direction == "fwd":
+    if direction in ("fwd", "bwd_weights"):
         return True
     return direction == "bwd_data" and flipped_spec(spec) is not None
 
 
 def _as_forward(spec: ConvSpec, direction: str) -> ConvSpec:
-    return spec if direction == "fwd" else flipped_spec(spec)
+    return flipped_spec(spec) if direction == "bwd_data" else spec
 
 
 def _tile(fspec: ConvSpec, itemsize: int) -> tuple[int, int]:
@@ -132,6 +139,9 @@ def fits(spec: ConvSpec, direction: str, dtype, workspace_limit: int) -> bool:
     item = np.dtype(dtype).itemsize
     fspec = _as_forward(spec, direction)
     data = math.prod(fspec.src_shape) * item
+    if direction == "bwd_weights":
+        partials = (len(_bw_cuts(spec)) - 1) * math.prod(spec.weights_shape) * 8
+        return _bw_scratch(spec, item) + data + math.prod(spec.dst_shape) * item + partials <= workspace_limit
     weights = math.prod(fspec.weights_shape) * item
     return _scratch(fspec, item) + data + weights <= workspace_limit
 
@@ -208,3 +218,90 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     dy, _ = _contiguous(diff_dst, dtype)
     return _forward(fspec, dy, w.reshape((spec.ic, og) + spec.kernel), dtype=dtype,
                     workspace_limit=workspace_limit, fixed=held, direction="bwd_data")
+
+
+# Weight gradient (stride 1; the loops and the order of the sums are in ``_thin_jit.py``).
+# A tile's buffers (the input rows of its group, ``tile + halo`` cells each, and the
+# diff_dst rows, ``tile`` cells) aim at BW_BUFFER_BYTES, within the 512 KiB L2 cache of
+# the development machine; the register tile walks a tile's positions for every
+# (output channels, terms) pair, so longer tiles amortize its start and end. Measured
+# (the register loop alone, 32 -> 32 channels, k2, float32, one thread, GFLOP/s): tiles
+# of 256 / 512 / 1024 / 1536 / 2048 positions 51 / 70 / 79 / 84 / 83.
+BW_BUFFER_BYTES = 384 * 1024
+BW_MIN_TILE = 256
+BW_MAX_TILE = 8192
+# Each group's positions are cut into chunks of at least BW_CHUNK_POSITIONS, at most
+# BW_CHUNKS of them (fixed by the problem, never by the thread count or the tile); each
+# (group, chunk) is one work item whose float64 partial sums are added in chunk order.
+BW_CHUNKS = 8
+BW_CHUNK_POSITIONS = 1024
+
+
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
+def _bw_tile(spec: ConvSpec, itemsize: int) -> tuple[int, int]:
+    """Positions per weight-gradient tile (a multiple of ``L``) and the halo ``max_off``."""
+    jit = _jit()
+    _, max_off = _tile(spec, itemsize)
+    rows = spec.icg + _round_up(spec.ocg, jit.WO)
+    cells = (BW_BUFFER_BYTES // itemsize - spec.icg * max_off) // rows
+    return int(min(BW_MAX_TILE, max(BW_MIN_TILE, cells // jit.L * jit.L))), max_off
+
+
+def _bw_scratch(spec: ConvSpec, itemsize: int) -> int:
+    """Bytes one thread allocates for the weight gradient: input and diff_dst tile buffers,
+    the lane sums, the term offsets."""
+    jit = _jit()
+    tile, max_off = _bw_tile(spec, itemsize)
+    ocg_pad = _round_up(spec.ocg, jit.WO)
+    n_u_pad = _round_up(spec.icg * math.prod(spec.kernel), jit.WU)
+    return ((spec.icg * (tile + max_off) + ocg_pad * tile + ocg_pad * n_u_pad * jit.L) * itemsize
+            + n_u_pad * 8 + 1024)
+
+
+def _bw_cuts(spec: ConvSpec) -> list[int]:
+    """Chunk boundaries on each group's flat positions (multiples of ``L``; from the problem alone)."""
+    span = _span(spec)
+    n = max(1, min(BW_CHUNKS, span // BW_CHUNK_POSITIONS))
+    step = _round_up(-(-span // n), _jit().L)
+    return [min(span, i * step) for i in range(n)] + [span]
+
+
+def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, *, dtype,
+                          workspace_limit: int) -> np.ndarray:
+    dtype = np.dtype(dtype)
+    jit = _jit()
+    item = dtype.itemsize
+    n_terms = spec.icg * math.prod(spec.kernel)
+    if spec.mb == 0 or 0 in spec.dst:
+        return np.zeros(spec.weights_shape, dtype=dtype)
+    held = (_converted(src.shape, src.dtype, src.flags.c_contiguous, dtype)
+            + _converted(diff_dst.shape, diff_dst.dtype, diff_dst.flags.c_contiguous, dtype))
+    cuts = _bw_cuts(spec)
+    n_chunks = len(cuts) - 1
+    partials = n_chunks * spec.groups * spec.ocg * n_terms * 8
+    _check_conversion(spec, "bwd_weights", held + partials, workspace_limit)
+    x, _ = _contiguous(src, dtype)
+    dy, _ = _contiguous(diff_dst, dtype)
+    pad = 3 - spec.nsp
+    x3 = x.reshape((spec.mb, spec.ic) + (1,) * pad + spec.src)
+    dy3 = dy.reshape((spec.mb, spec.oc) + (1,) * pad + spec.dst)
+    # no tile longer than a chunk (the sums do not depend on the tile length)
+    tile = min(_bw_tile(spec, item)[0], _round_up(max(b - a for a, b in zip(cuts, cuts[1:])), jit.L))
+    geo = np.array((1,) * pad + spec.dilations + (0,) * pad + spec.pads_begin + (tile,)
+                   + (1,) * pad + spec.kernel, dtype=np.int64)
+    items = spec.groups * n_chunks
+    # runs of consecutive items per call (one set of buffers each; any grouping gives the
+    # same bits, as every item writes its own partial)
+    runs, workers = _plan(spec, items, held + partials, _bw_scratch(spec, item), workspace_limit, "bwd_weights")
+    part = np.zeros((n_chunks, spec.groups, spec.ocg, n_terms))
+    ocg_pad, n_u_pad = _round_up(spec.ocg, jit.WO), _round_up(n_terms, jit.WU)
+    cut_arr = np.array(cuts, dtype=np.int64)
+    run_each(lambda r: jit.backward_weights(x3, dy3, part, geo, cut_arr, r[0], r[1], ocg_pad, n_u_pad),
+             runs, workers)
+    total = part[0]
+    for p in part[1:]:
+        total += p
+    return total.astype(dtype).reshape(spec.weights_shape)
