@@ -623,6 +623,54 @@ def test_blocks_run_on_every_thread_and_errors_propagate():
     assert got == [i * i for i in range(9)]
 
 
+def test_pool_threads_placed_on_their_own_cpus(monkeypatch):
+    """The submitting thread pins each pool thread it wakes to its own CPU of the caller's
+    allowed set (other CPUs than the caller's first when the caller works too), so two
+    threads of one call never share a core; the caller's own affinity is never changed;
+    CONVGRAD_SPREAD=0 and a single allowed CPU leave the threads alone."""
+    import os
+    import threading
+    import time
+
+    from convgrad import threads
+    from convgrad.kernels import gemm
+    real_getcpu, real_affinity = threads._getcpu, os.sched_getaffinity
+    monkeypatch.setattr(threads, "_getcpu", lambda: (lambda: 1))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert threads.cpu_plan(2, caller_works=True) == [0, 2]
+    assert threads.cpu_plan(3, caller_works=False) == [1, 0, 2]
+    assert threads.cpu_plan(6, caller_works=True) == [0, 2, 3, 1, 0, 2]
+    monkeypatch.setenv("CONVGRAD_SPREAD", "0")
+    assert threads.cpu_plan(2, caller_works=True) is None
+    monkeypatch.delenv("CONVGRAD_SPREAD")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3})
+    assert threads.cpu_plan(2, caller_works=True) is None
+    monkeypatch.setattr(threads, "_getcpu", lambda: None)
+    assert threads.cpu_plan(2, caller_works=True) is None
+    monkeypatch.setattr(threads, "_getcpu", real_getcpu)
+    monkeypatch.setattr(os, "sched_getaffinity", real_affinity)
+
+    # the real machine: the pool threads of a call run pinned where the plan put them
+    caller = os.sched_getaffinity(0)
+    seen = {}
+
+    def work(i):
+        seen.setdefault(threading.get_native_id(), set()).add(frozenset(os.sched_getaffinity(0)))
+        time.sleep(0.005)                                # long enough for the helper to take blocks
+    gemm._in_order(work, list(range(16)), 2, gemm._ignore)
+    plan = threads.cpu_plan(1, caller_works=True)
+    assert os.sched_getaffinity(0) == caller
+    helpers = {tid: aff for tid, aff in seen.items() if tid != threading.get_native_id()}
+    if plan is None:                                     # one CPU, or no sched_getcpu here
+        assert all(aff <= {frozenset(caller)} for aff in helpers.values())
+    else:
+        assert helpers
+        for aff in helpers.values():
+            assert all(len(a) == 1 and a <= caller for a in aff), aff
+        ids = [w.native_id for w in gemm._POOL.workers[:1]]
+        assert os.sched_getaffinity(ids[0]) <= caller
+
+
 def test_flipped_weights_copied_in_pieces(monkeypatch):
     """The stride-1 im2col data gradient transposes the weights (whole kernels) in pieces on
     the thread pool (large weights) and reads the windows reversed: same result, grouped or

@@ -76,9 +76,10 @@ import functools
 import itertools
 import math
 import os
+import queue
 import threading
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 import dataclasses
 from dataclasses import dataclass
 
@@ -862,23 +863,57 @@ def _whole_window(spec: ConvSpec, direction: str, a: np.ndarray, b: np.ndarray, 
 # are added in block order.
 # ---------------------------------------------------------------------------------------
 
+class _Worker:
+    """One pool thread with its own queue, so that the submitting thread knows which
+    thread runs a task and can place it on a CPU first (``threads.cpu_plan``)."""
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.native_id: int | None = None
+        self.cpu: int | None = None           # the CPU it is pinned to (None: not pinned)
+        self.started = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="convgrad-block", daemon=True)
+        self.thread.start()
+        self.started.wait()
+
+    def _run(self) -> None:
+        self.native_id = threading.get_native_id()
+        self.started.set()
+        while True:
+            fn, fut = self.queue.get()
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:   # noqa: BLE001 - handed to the caller
+                    fut.set_exception(e)
+
+    def place(self, cpu: int | None) -> None:
+        if cpu is not None and cpu != self.cpu and threads.pin(self.native_id, cpu):
+            self.cpu = cpu
+
+    def submit(self, fn, *args) -> Future:
+        fut: Future = Future()
+        self.queue.put((functools.partial(fn, *args), fut))
+        return fut
+
+
 class _Pool:
-    """One persistent thread pool for the blocks of every call (starting threads per call
-    would cost more than a small convolution). Recreated after a fork."""
+    """One persistent set of worker threads for the blocks of every call (starting threads
+    per call would cost more than a small convolution). Recreated after a fork."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.pool: ThreadPoolExecutor | None = None
-        self.size = 0
+        self.workers: list[_Worker] = []
 
-    def get(self, workers: int) -> ThreadPoolExecutor:
+    def get(self, n: int, caller_works: bool) -> list[_Worker]:
+        """``n`` workers, each placed on a CPU for this call."""
         with self.lock:
-            if self.pool is None or self.size < workers:
-                if self.pool is not None:
-                    self.pool.shutdown(wait=False)
-                self.pool = ThreadPoolExecutor(workers, thread_name_prefix="convgrad-block")
-                self.size = workers
-            return self.pool
+            while len(self.workers) < n:
+                self.workers.append(_Worker())
+            chosen = self.workers[:n]
+        for w, cpu in zip(chosen, threads.cpu_plan(n, caller_works) or [None] * n):
+            w.place(cpu)
+        return chosen
 
     def reset(self) -> None:
         self.__init__()
@@ -911,7 +946,8 @@ def run_each(work, blocks: list, workers: int) -> None:
             if b is None:
                 return
             work(b)
-    helpers = [_POOL.get(workers - 1).submit(loop) for _ in range(min(workers, len(blocks)) - 1)]
+
+    helpers = [w.submit(loop) for w in _POOL.get(min(workers, len(blocks)) - 1, caller_works=True)]
     try:
         loop()
     finally:
@@ -929,14 +965,14 @@ def _in_order(work, blocks: list, workers: int, consume) -> None:
     if consume is _ignore:
         run_each(work, blocks, workers)
         return
-    pool = _POOL.get(workers)
-    it = iter(blocks)
-    pending: deque = deque(pool.submit(work, b) for b in itertools.islice(it, workers))
-    while pending:
+    # block i runs on worker i % workers: when block i is consumed, its worker is free
+    # for block i + workers, the next one submitted
+    pool = _POOL.get(min(workers, len(blocks)), caller_works=False)
+    pending: deque = deque(pool[i].submit(work, b) for i, b in enumerate(blocks[:len(pool)]))
+    for i in range(len(pool), len(blocks) + len(pool)):
         consume(pending.popleft().result())
-        nxt = next(it, None)
-        if nxt is not None:
-            pending.append(pool.submit(work, nxt))
+        if i < len(blocks):
+            pending.append(pool[i % len(pool)].submit(work, blocks[i]))
 
 
 # OpenBLAS runs a product on the calling thread alone below these sizes whatever its
