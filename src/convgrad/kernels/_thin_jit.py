@@ -231,11 +231,15 @@ def forward(x, w, y, geo, i0, i1):
 # where ``dyw`` is diff_dst on the flat grid with zeros in the wide cells: a product whose
 # reduction (positions) is long and whose output (output channels x terms u = (c, k)) is
 # small. Register tile: ``WO`` output channels x ``WU`` terms x ``L`` lanes of partial sums,
-# lane ``l`` summing the positions ``p = l mod L`` of a tile; per L positions it loads WO
-# rows of dyw and WU rows of the input buffer (7 loads for 12 multiply-adds) and multiplies
-# them element by element (no reduction inside a vector, so LLVM vectorizes it without
-# reassociation). Each tile's sums start at zero and are added to the lane sums of the
-# chunk, tile after tile; the caller adds the chunks in order and then the lanes.
+# lane ``l`` summing the positions ``p = l mod L``; per L positions it loads WO rows of dyw
+# and WU rows of the input buffer (7 loads for 12 multiply-adds) and multiplies them
+# element by element (no reduction inside a vector, so LLVM vectorizes it without
+# reassociation).
+# Order of every sum (fixed by the problem's chunk cuts alone): within a chunk (a range of
+# one group's positions, cut at multiples of L) each lane is one running sum over its
+# positions in increasing order (the register tile is loaded from the lane sums and stored
+# back at each tile's end, so the tile length does not matter); then the L lanes of the
+# chunk are added in lane order in float64, and the chunks in chunk order (thin.py).
 # ---------------------------------------------------------------------------------------
 
 WO = 4
