@@ -96,6 +96,7 @@ def test_thin_every_remainder_and_tile_edge(extra, monkeypatch):
     span images and rows), every ``(i + pb + pe - ek) % R`` value sampled."""
     monkeypatch.setattr(thin, "MAX_TILE", 64)
     monkeypatch.setattr(thin, "MIN_TILE", 64)
+    monkeypatch.setattr(thin, "CHUNK_BYTES", 64 * 4 * 3)       # chunks of a few input channels
     rng = np.random.default_rng(50 + extra)
     for base in (15, 16, 17, 31, 33, 64, 65):
         w_in = base + extra
@@ -142,9 +143,11 @@ def test_thin_bitwise_across_threads_tiles_caps_and_layouts(monkeypatch):
         cap = max(cap, thin._bw_scratch(spec, 4) + x.nbytes + dy.nbytes + partials)
         tight = _both(spec, xs, w, dys, algorithm="direct", workspace_limit=cap)
         monkeypatch.setattr(thin, "BW_MIN_TILE", 8)
-        # 64- and 4096-position forward tiles; 8-position and chunk-long weight-gradient tiles
+        # 64- and 4096-position forward tiles, in chunks of one input channel and of all;
+        # 8-position and chunk-long weight-gradient tiles
         for buffer_bytes in (1 << 10, 1 << 20):
             monkeypatch.setattr(thin, "BUFFER_BYTES", buffer_bytes)
+            monkeypatch.setattr(thin, "CHUNK_BYTES", 1 if buffer_bytes < 4096 else 1 << 30)
             monkeypatch.setattr(thin, "BW_BUFFER_BYTES", buffer_bytes)
             other = _both(spec, x, w, dy, algorithm="direct")
             for a, b in zip(other, one):

@@ -3,8 +3,8 @@ imported only through ``thin.available()``).
 
 Every problem arrives as 3-D and stride 1: data ``x`` ``(N, C, D, H, W)``, weights ``w``
 ``(G, Og, Cg * T)`` (``T`` taps, row-major, input channel major), result ``y`` ``(N, G*Og,
-OD, OH, OW)``, C-contiguous, float32 or float64, and ``geo = (dd, dh, dw, pd, ph, pw, tile, kd, kh, kw)``
-as an int64 array (one signature per element type).
+OD, OH, OW)``, C-contiguous, float32 or float64, and ``geo = (dd, dh, dw, pd, ph, pw, tile, kd, kh, kw,
+channels per chunk)`` as an int64 array (one signature per element type).
 
 Lowering ("wide rows", stride 1). Per axis the padded input has ``Q = I + pb + pe = O +
 (K - 1)*d`` cells and output ``o`` reads padded cell ``o + k*d``. Flatten the padded grid
@@ -90,23 +90,28 @@ _registers = stack_registers(OB * R)     # the register tile (``_jit_common``)
 
 
 @njit(**JIT)
-def _block(acc, row, col, n, buf, w, o, offs):
-    """acc[row + o + i, col + p] = sum_u w[o + i, u] * buf[offs[u] + p] for i < OB,
-    p < n rounded up to R (the sum from 0, terms in order).
+def _block(acc, row, col, n, buf, w, o, offs, u0, u1, first):
+    """acc[row + o + i, col + p] = (0 if first else acc[...]) + sum_{u0 <= u < u1}
+    w[o + i, u] * buf[offs[u] + p] for i < OB, p < n rounded up to R (terms in order).
 
     Register tile: ``OB`` output channels x ``R`` positions of accumulators stay in
-    registers over all the terms; each term loads ``R`` consecutive inputs (shared by the
+    registers over the terms; each term loads ``R`` consecutive inputs (shared by the
     ``OB`` channels) and ``OB`` broadcast weights. Indices are unsigned (``offs`` is
     uint64), which spares numba's negative-index wraparound in the loop.
     """
-    nt = offs.shape[0]
     wa, wb, wc = w[o], w[o + 1], w[o + 2]
     for p0 in range(0, n, R):
         r = carray(_registers(buf.dtype), OB * R)
-        for i in range(OB * R):
-            r[i] = 0
+        if first:
+            for i in range(OB * R):
+                r[i] = 0
+        else:
+            for i in range(OB):
+                src = acc[row + o + i, col + p0:col + p0 + R]
+                for j in range(R):
+                    r[i * R + j] = src[j]
         up0 = np.uint64(p0)
-        for u in range(nt):
+        for u in range(u0, u1):
             base = offs[u] + up0
             w0, w1, w2 = wa[u], wb[u], wc[u]
             for j in range(R_U):
@@ -121,18 +126,23 @@ def _block(acc, row, col, n, buf, w, o, offs):
 
 
 @njit(**JIT)
-def _block2(acc, row, col, n, buf, w, o, o2, offs):
+def _block2(acc, row, col, n, buf, w, o, o2, offs, u0, u1, first):
     """``_block`` for the output channels ``o`` and ``o2`` (the last ``ocg % OB``): the same
     sums. The last single channel runs as ``o2 = o``, both rows the same: twice its work,
     but vectorized (LLVM left the loop of one channel scalar, at a quarter of the speed)."""
-    nt = offs.shape[0]
     wa, wb = w[o], w[o2]
     for p0 in range(0, n, R):
         r = carray(_registers(buf.dtype), OB * R)
-        for i in range(2 * R):
-            r[i] = 0
+        if first:
+            for i in range(2 * R):
+                r[i] = 0
+        else:
+            src, src2 = acc[row + o, col + p0:col + p0 + R], acc[row + o2, col + p0:col + p0 + R]
+            for j in range(R):
+                r[j] = src[j]
+                r[R + j] = src2[j]
         up0 = np.uint64(p0)
-        for u in range(nt):
+        for u in range(u0, u1):
             base = offs[u] + up0
             w0, w1 = wa[u], wb[u]
             for j in range(R_U):
@@ -176,6 +186,7 @@ def forward(x, w, y, geo, i0, i1):
     p0, p1, p2 = geo[3], geo[4], geo[5]
     tile = geo[6]                    # a multiple of R
     ks0, ks1, ks2 = geo[7], geo[8], geo[9]
+    cch = geo[10]                    # input channels per chunk
     n_groups = w.shape[0]
     ocg = w.shape[1]
     cg = x.shape[1] // n_groups
@@ -217,10 +228,14 @@ def forward(x, w, y, geo, i0, i1):
         row = n * y.shape[1] + g * ocg if direct else 0
         col = lo - n * img if direct else 0
         wg = w[g]
-        for o in range(0, ocg - OB + 1, OB):
-            _block(out, row, col, cnt, buf, wg, o, offs)
-        if ocg % OB:
-            _block2(out, row, col, cnt, buf, wg, ocg - ocg % OB, ocg - 1, offs)
+        # input channels in chunks of ``cch`` (a chunk's rows of the buffer stay in L2
+        # while every output channel reads them); the sums run on in ``out``
+        for c0 in range(0, cg, cch):
+            u0, u1 = c0 * n_taps, min(cg, c0 + cch) * n_taps
+            for o in range(0, ocg - OB + 1, OB):
+                _block(out, row, col, cnt, buf, wg, o, offs, u0, u1, c0 == 0)
+            if ocg % OB:
+                _block2(out, row, col, cnt, buf, wg, ocg - ocg % OB, ocg - 1, offs, u0, u1, c0 == 0)
         if not direct:
             _scatter(y, g * ocg, ocg, acc, lo, cnt, q0, q1, q2, outs0, outs1, outs2)
 

@@ -65,6 +65,11 @@ HALO_TILE = 4
 OB = 3
 R = 32
 MAX_TILE = 4096
+# The output-channel loop re-reads a tile's buffer once per register tile; where the whole
+# buffer (all input channels of the group) would not stay in the 512 KiB L2 cache (3-D
+# problems, whose halo of two planes makes long tiles), the loop runs over chunks of input
+# channels whose rows fill at most CHUNK_BYTES, the sums running on in the accumulators.
+CHUNK_BYTES = 256 * 1024
 # Below this many multiply-adds a call runs on the calling thread alone (as depthwise.py);
 # chunks per worker thread.
 PARALLEL_MACS = depthwise.PARALLEL_MACS
@@ -110,6 +115,14 @@ def _tile(fspec: ConvSpec, itemsize: int) -> tuple[int, int]:
         max_off = max_off * q[a] + (ks[a] - 1) * fspec.dilations[a]
     cells = max(BUFFER_BYTES // (fspec.icg * itemsize) - max_off, HALO_TILE * max_off)
     return int(min(max(MAX_TILE, R * -(-HALO_TILE * max_off // R)), max(MIN_TILE, cells // R * R))), max_off
+
+
+def _chunk_channels(fspec: ConvSpec, itemsize: int) -> int:
+    """Input channels per chunk of the forward loop: those whose buffer rows (``tile +
+    halo`` cells each) fill at most CHUNK_BYTES. Every sum runs on through the chunks in
+    the same order, so the chunking changes no bit of the result."""
+    tile, max_off = _tile(fspec, itemsize)
+    return max(1, min(fspec.icg, CHUNK_BYTES // ((tile + max_off) * itemsize)))
 
 
 def _span(fspec: ConvSpec) -> int:
@@ -174,7 +187,7 @@ def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, *, dtype, workspace_
     w3 = w.reshape(fspec.groups, fspec.ocg, fspec.icg * math.prod(fspec.kernel))
     tile, _ = _tile(fspec, dtype.itemsize)
     geo = np.array((1,) * pad + fspec.dilations + (0,) * pad + fspec.pads_begin + (tile,)
-                   + (1,) * pad + fspec.kernel, dtype=np.int64)
+                   + (1,) * pad + fspec.kernel + (_chunk_channels(fspec, dtype.itemsize),), dtype=np.int64)
     items = fspec.groups * -(-_span(fspec) // tile)
     blocks, workers = _plan(fspec, items, fixed, _scratch(fspec, dtype.itemsize), workspace_limit, direction)
     run_each(lambda b: jit.forward(x3, w3, y, geo, b[0], b[1]), blocks, workers)
