@@ -192,11 +192,23 @@ def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32,
     dt = np.dtype(dtype)
     if dt.kind in "iu":
         return "reference"
-    if direct and depthwise.eligible(spec) and spec.ocg <= DIRECT_MAX_MULTIPLIER and depthwise.available():
+    pays = _direct_pays(spec, direction, dt == np.float64) if direct else None
+    if pays == "depthwise" and depthwise.available():
         return "direct"
-    if direct and dt != np.float64 and thin_pays(spec, direction) and thin.available():
+    if pays == "thin" and thin.available():
         return "direct"
     return _cheapest(spec, direction)
+
+
+@functools.lru_cache(maxsize=1024)
+def _direct_pays(spec: ConvSpec, direction: str, float64: bool) -> str | None:
+    """Which compiled kernel the automatic choice runs this problem on, if numba is there
+    (pure; remembered, as a small call would otherwise pay ~20 us for the rules)."""
+    if depthwise.eligible(spec) and spec.ocg <= DIRECT_MAX_MULTIPLIER:
+        return "depthwise"
+    if not float64 and thin_pays(spec, direction):
+        return "thin"
+    return None
 
 
 # The thin-channel kernel is chosen automatically for the problems it runs (stride 1) with a kernel of more than one tap and at most THIN_MAX_CHANNELS input and

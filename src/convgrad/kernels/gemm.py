@@ -1222,6 +1222,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     return np.ascontiguousarray(total.transpose(order)).reshape(spec.weights_shape)
 
 
+@functools.lru_cache(maxsize=1024)
 def flipped_spec(spec: ConvSpec) -> ConvSpec | None:
     """For stride 1, the data gradient as a forward convolution, or None.
 
