@@ -205,6 +205,29 @@ def test_thin_weight_gradient_chunks_lanes_and_padding_rows(ocg, monkeypatch):
 
 
 @needs_numba
+def test_thin_weight_gradient_non_finite_inputs_same_for_every_tile(monkeypatch):
+    """An inf or NaN in the input reaches the same weight-gradient entries whatever the
+    tile length and chunk cuts, and every entry the term-exact reference makes non-finite
+    is non-finite here too."""
+    spec = _spec(2, 4, 5, 1, (61,), (3,), (1,), (1,), (1,))
+    rng = np.random.default_rng(14)
+    x, w, dy = _inputs(spec, rng, np.float32)
+    x[0, 1, 10], x[1, 2, 60], x[1, 3, 33] = np.inf, np.nan, -np.inf
+    x[:, 0, 5::7] = np.inf                                # in many tiles' last cells
+    monkeypatch.setattr(thin, "BW_MIN_TILE", 8)
+    monkeypatch.setattr(thin, "BW_CHUNK_POSITIONS", 20)  # chunks that end off the lanes
+    runs = []
+    for buffer_bytes in (1 << 9, 1 << 10, 1 << 20):
+        monkeypatch.setattr(thin, "BW_BUFFER_BYTES", buffer_bytes)
+        runs.append(cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="direct"))
+    for got in runs[1:]:
+        np.testing.assert_array_equal(got, runs[0])
+    want = ref.conv_backward_weights(spec, x.astype(np.float64), dy.astype(np.float64))
+    assert not np.isfinite(want).all()
+    assert not np.isfinite(runs[0][~np.isfinite(want)]).any()
+
+
+@needs_numba
 def test_thin_weight_gradient_cap():
     """The weight gradient's partial sums and tile buffers count against the cap: too small
     a cap raises for ``direct`` and sends the automatic choice to the GEMM lowerings."""

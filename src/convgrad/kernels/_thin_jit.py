@@ -369,8 +369,8 @@ def backward_weights(x, dy, part, geo, cuts, i0, i1, ocg_pad, n_u_pad):
                     u += 1
     for v in range(n_u, n_u_pad):    # padding terms repeat the last one (their sums are dropped)
         offs[v] = offs[n_u - 1]
-    # a tile rounds up to L positions: the cells read past its last input hold zeros or
-    # older inputs, multiplied by the zeros of dyb there
+    # a tile rounds up to L positions: the cells read past its last input are set to zero,
+    # and so are the cells of dyb there
     buf = np.zeros(cg * width, x.dtype)
     dyb = np.zeros((ocg_pad, tile), dy.dtype)      # rows past ocg stay zero
     lanes = np.empty((ocg_pad, n_u_pad, L), dy.dtype)
@@ -387,6 +387,9 @@ def backward_weights(x, dy, part, geo, cuts, i0, i1, ocg_pad, n_u_pad):
                 row = dyb[o]
                 for j in range(cnt, cnt_l):
                     row[j] = 0
+            for c in range(cg):      # the cells read past the tile's inputs hold zeros, not older inputs
+                for j in range(cnt + max_off, cnt_l + max_off):
+                    buf[c * width + j] = 0
             for o in range(0, ocg_pad, WO):
                 _wtile(lanes, o, dyb, buf, offs, cnt_l)
         _fold(part[ch, g], lanes)
