@@ -19,7 +19,7 @@ The weight gradient with stride 1 walks the same flat grids the other way: for e
 cells) times the input shifted by the tap's offset. Its register tile is 4 output channels
 x 3 terms x 8 lanes of partial sums (``_thin_jit.py``). A first lane-sum tile (3 x 4 x 8)
 had measured no faster than ``taps`` (0.93x). What decides it is the tile length: each
-register tile starts from zero and ends by adding its lanes once per tile, and the loop
+register tile is loaded from the lane sums and stored back once per tile, and the loop
 alone ran at 51 / 70 / 84 GFLOP/s on one core with tiles of 256 / 512 / 1536 positions,
 so tiles are sized to the L2 cache (``BW_BUFFER_BYTES``) rather than to L1.
 
