@@ -20,8 +20,9 @@ cells) times the input shifted by the tap's offset. Its register tile is 4 outpu
 x 3 terms x 8 lanes of partial sums (``_thin_jit.py``). A first lane-sum tile (3 x 4 x 8)
 had measured no faster than ``taps`` (0.93x). What decides it is the tile length: each
 register tile is loaded from the lane sums and stored back once per tile, and the loop
-alone ran at 51 / 70 / 84 GFLOP/s on one core with tiles of 256 / 512 / 1536 positions,
-so tiles are sized to the L2 cache (``BW_BUFFER_BYTES``) rather than to L1.
+alone ran at 51 / 70 / 84 GFLOP/s on one core with tiles of 256 / 512 / 1536 positions
+(measured with a version whose tile started from zero and added its lanes: the same
+per-tile cost), so tiles are sized to the L2 cache (``BW_BUFFER_BYTES``) rather than to L1.
 
 numba is optional, as for ``depthwise.py`` (same :func:`depthwise.available`). Work is the
 flat list of (group, position tile) items (tiles cut the images' padded grids laid end to
@@ -238,8 +239,9 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
 # diff_dst rows, ``tile`` cells) aim at BW_BUFFER_BYTES, within the 512 KiB L2 cache of
 # the development machine; the register tile walks a tile's positions for every
 # (output channels, terms) pair, so longer tiles amortize its start and end. Measured
-# (the register loop alone, 32 -> 32 channels, k2, float32, one thread, GFLOP/s): tiles
-# of 256 / 512 / 1024 / 1536 / 2048 positions 51 / 70 / 79 / 84 / 83.
+# (the register loop alone, 32 -> 32 channels, k2, float32, one thread, GFLOP/s; the
+# zero-then-add version of the tile): tiles of 256 / 512 / 1024 / 1536 / 2048 positions
+# 51 / 70 / 79 / 84 / 83.
 BW_BUFFER_BYTES = 384 * 1024
 BW_MIN_TILE = 256
 BW_MAX_TILE = 8192
