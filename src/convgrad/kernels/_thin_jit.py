@@ -176,36 +176,52 @@ def _scatter(y, o_lo, ocg, acc, lo, cnt, q0, q1, q2, outs0, outs1, outs2):
 
 
 @njit(nogil=True, cache=True)
+def _grid(n_img, outs0, outs1, outs2, geo):
+    """``(q0, q1, q2, max_off, span)`` of the images' flat padded grids: cells per axis,
+    the flat offset of the last tap, one past the last output (see the derivation above)."""
+    q0 = outs0 + (geo[7] - 1) * geo[0]
+    q1 = outs1 + (geo[8] - 1) * geo[1]
+    q2 = outs2 + (geo[9] - 1) * geo[2]
+    max_off = ((geo[7] - 1) * geo[0] * q1 + (geo[8] - 1) * geo[1]) * q2 + (geo[9] - 1) * geo[2]
+    span = (((n_img - 1) * q0 + outs0 - 1) * q1 + outs1 - 1) * q2 + outs2
+    return q0, q1, q2, max_off, span
+
+
+@njit(nogil=True, cache=True)
+def _offsets(cg, geo, q1, q2, width, n_pad):
+    """offs[c*T + k] = c*width + off(k) for the terms (channel, tap) in order, then copies of
+    the last one up to ``n_pad`` (padding terms whose sums the callers drop)."""
+    offs = np.empty(n_pad, np.uint64)
+    u = 0
+    for c in range(cg):
+        for k0 in range(geo[7]):
+            for k1 in range(geo[8]):
+                for k2 in range(geo[9]):
+                    offs[u] = c * width + (k0 * geo[0] * q1 + k1 * geo[1]) * q2 + k2 * geo[2]
+                    u += 1
+    for v in range(u, n_pad):
+        offs[v] = offs[u - 1]
+    return offs
+
+
+@njit(nogil=True, cache=True)
 def forward(x, w, y, geo, i0, i1):
     """Items ``[i0, i1)`` of the flat list ``g*tiles + tile``; tiles cut the flat padded
     grids of all images, one after the other (a tile may span images: taps of real
     outputs never leave their image, and the cells they do leave are dropped)."""
     n_img = x.shape[0]
     outs0, outs1, outs2 = y.shape[2], y.shape[3], y.shape[4]
-    dd0, dd1, dd2 = geo[0], geo[1], geo[2]
     p0, p1, p2 = geo[3], geo[4], geo[5]
     tile = geo[6]                    # a multiple of R
-    ks0, ks1, ks2 = geo[7], geo[8], geo[9]
     cch = geo[10]                    # input channels per chunk
     n_groups = w.shape[0]
     ocg = w.shape[1]
     cg = x.shape[1] // n_groups
-    n_taps = ks0 * ks1 * ks2
-    q0 = outs0 + (ks0 - 1) * dd0
-    q1 = outs1 + (ks1 - 1) * dd1
-    q2 = outs2 + (ks2 - 1) * dd2
-    max_off = ((ks0 - 1) * dd0 * q1 + (ks1 - 1) * dd1) * q2 + (ks2 - 1) * dd2
-    span = (((n_img - 1) * q0 + outs0 - 1) * q1 + outs1 - 1) * q2 + outs2
+    n_taps = geo[7] * geo[8] * geo[9]
+    q0, q1, q2, max_off, span = _grid(n_img, outs0, outs1, outs2, geo)
     n_tiles = (span + tile - 1) // tile
     width = tile + max_off
-    offs = np.empty(cg * n_taps, np.uint64)
-    u = 0
-    for c in range(cg):
-        for k0 in range(ks0):
-            for k1 in range(ks1):
-                for k2 in range(ks2):
-                    offs[u] = c * width + (k0 * dd0 * q1 + k1 * dd1) * q2 + k2 * dd2
-                    u += 1
+    offs = _offsets(cg, geo, q1, q2, width, cg * n_taps)
     # register tiles run to a multiple of R positions: the cells past a tile's last input
     # are read (they hold zeros or older inputs) and the outputs they make are dropped
     buf = np.zeros(cg * width, x.dtype)
@@ -343,32 +359,15 @@ def backward_weights(x, dy, part, geo, cuts, i0, i1, ocg_pad, n_u_pad):
     depend on the cuts, never on the tile length or on which thread runs the item."""
     n_img = x.shape[0]
     outs0, outs1, outs2 = dy.shape[2], dy.shape[3], dy.shape[4]
-    dd0, dd1, dd2 = geo[0], geo[1], geo[2]
     p0, p1, p2 = geo[3], geo[4], geo[5]
     tile = geo[6]                    # a multiple of L
-    ks0, ks1, ks2 = geo[7], geo[8], geo[9]
     n_groups = part.shape[1]
     ocg = part.shape[2]
     n_chunks = cuts.shape[0] - 1
     cg = x.shape[1] // n_groups
-    n_taps = ks0 * ks1 * ks2
-    q0 = outs0 + (ks0 - 1) * dd0
-    q1 = outs1 + (ks1 - 1) * dd1
-    q2 = outs2 + (ks2 - 1) * dd2
-    max_off = ((ks0 - 1) * dd0 * q1 + (ks1 - 1) * dd1) * q2 + (ks2 - 1) * dd2
-    span = (((n_img - 1) * q0 + outs0 - 1) * q1 + outs1 - 1) * q2 + outs2
+    q0, q1, q2, max_off, span = _grid(n_img, outs0, outs1, outs2, geo)
     width = tile + max_off
-    n_u = cg * n_taps
-    offs = np.empty(n_u_pad, np.uint64)
-    u = 0
-    for c in range(cg):
-        for k0 in range(ks0):
-            for k1 in range(ks1):
-                for k2 in range(ks2):
-                    offs[u] = c * width + (k0 * dd0 * q1 + k1 * dd1) * q2 + k2 * dd2
-                    u += 1
-    for v in range(n_u, n_u_pad):    # padding terms repeat the last one (their sums are dropped)
-        offs[v] = offs[n_u - 1]
+    offs = _offsets(cg, geo, q1, q2, width, n_u_pad)
     # a tile rounds up to L positions: the cells read past its last input are set to zero,
     # and so are the cells of dyb there
     buf = np.zeros(cg * width, x.dtype)
