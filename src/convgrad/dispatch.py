@@ -242,12 +242,14 @@ THIN_3D_BWD_DATA_MAX_CHANNELS = 32
 # GEMMs have a small side: at most THIN_BWD_WEIGHTS_MAX_CHANNELS channels per group, or a
 # first layer with at most THIN_BWD_WEIGHTS_FEW_INPUTS input channels and at most 64
 # outputs; on 1-D and 2-D problems (3-D halos make its tile copies outweigh it). Measured
-# in-process (float32, ms, best GEMM / direct, 1 and 2 threads): wavenet 32 ch k2 84350
-# 1.13 / 1.27, mb32 x 2635 1.23 / 1.44, mb512 x 164 1.30 / 1.25; grouped 8 x 16 ch 3x3
-# 165^2 1.44 / 1.87; 32 groups of 4 3.15 / 2.19; 16 ch 128^2 1.74 / 1.47; 32 ch 112^2
-# 1.21 / 1.35; 32 ch 28^2 mb8 1.29 / 1.55; 24 -> 40 ch 5x3 1.23 / 1.25; 3 -> 64 ch 112^2
-# 1.45 / 1.37; 3 -> 32 224^2 1.44 / 1.69; 8 -> 64 5x5 0.95 / 1.34. Losses kept on the
-# GEMMs: 48 ch 40^2 0.84 / 1.09, 64 ch 56^2 0.80 / 0.81, 128 ch 28^2 0.51 / 0.45,
+# in-process on the final kernel (float32, best GEMM / direct, 1 and 2 threads; the
+# 2-thread figures move by up to 2x on this VM): wavenet 32 ch k2 84350 1.20 / 1.40, mb32
+# x 2635 1.33 / 1.50, mb512 x 164 1.36 / 1.12; grouped 8 x 16 ch 3x3 165^2 1.44 / 1.50;
+# 32 groups of 4 1.86-2.72 / 1.19-2.81; 16 ch 128^2 1.80 / 2.00; 32 ch 28^2 mb8 1.32 /
+# 1.52; 24 -> 40 ch 5x3 1.22 / 1.53; 3 -> 64 ch 112^2 1.43 / 1.22; 3 -> 32 224^2 1.53 /
+# 1.20-2.02; 32 ch dilation 2 1.28 / 1.37; 8 -> 64 ch 5x5 1.09 / 0.61-1.45; 64 ch k3 1-D
+# 1.00 / 1.17; 48 ch 40^2 0.93 / 1.22. Measured on a first version (tiles restarting
+# from zero) and kept on the GEMMs: 64 ch 56^2 0.80 / 0.81, 128 ch 28^2 0.51 / 0.45,
 # 3 -> 256 ch 0.64 / 0.97, 3-D 32 -> 64 ch 19x22x22 0.82 / 0.85.
 THIN_BWD_WEIGHTS_MAX_CHANNELS = 40
 THIN_BWD_WEIGHTS_FEW_INPUTS = 8
