@@ -668,7 +668,10 @@ def test_pool_threads_placed_on_their_own_cpus(monkeypatch):
         for aff in helpers.values():
             assert all(len(a) == 1 and a <= caller for a in aff), aff
         ids = [w.native_id for w in gemm._POOL.workers[:1]]
-        assert os.sched_getaffinity(ids[0]) <= caller
+        assert os.sched_getaffinity(ids[0]) <= caller and len(os.sched_getaffinity(ids[0])) == 1
+        monkeypatch.setenv("CONVGRAD_SPREAD", "0")          # off: the pool threads get the CPUs back
+        gemm._in_order(work, list(range(4)), 2, gemm._ignore)
+        assert os.sched_getaffinity(ids[0]) == caller
 
 
 def test_flipped_weights_copied_in_pieces(monkeypatch):

@@ -185,17 +185,18 @@ def pinned_blas() -> Iterator[int]:
 
 # ---------------------------------------------------------------------------------------
 # Placement of the pool's threads. Measured on the 2-vCPU development VM: after the
-# process idles (a benchmark's pause, a training step's other work), Linux often wakes a
-# pool thread on the CPU the caller runs on (the other vCPU is halted, and a halted vCPU
-# is not taken as idle), and both then share one core for the whole call: 14 of 30 calls
+# process idles (a benchmark's pause, a training step's other work), Linux often woke a
+# pool thread on the CPU the caller runs on, and both then shared one core for the whole
+# call (cpu time / wall time 1.0): 14 of 30 calls
 # of a 512 -> 512 1x1 data gradient ran at cpu/wall 1.0, median 11.8 ms against 7.6 ms
 # with both cores. A thread that checks its CPU when it starts running is too late (it
 # runs only once the other has finished), so the submitting thread pins each pool thread
 # it is about to wake to its own CPU of the caller's allowed set, other CPUs than the
 # caller's first when the caller works too. Only convgrad's pool threads are pinned,
 # never the caller's; the pins change nothing in what is computed. CONVGRAD_SPREAD=0
-# turns this off; a no-op where the platform lacks sched_getcpu or sched_setaffinity, or
-# the caller may run on one CPU only.
+# turns this off (the pool threads then get the caller's allowed CPUs back); a no-op where
+# the platform lacks sched_getcpu or sched_setaffinity, or the caller may run on one CPU
+# only.
 # ---------------------------------------------------------------------------------------
 
 
@@ -226,16 +227,25 @@ def cpu_plan(n: int, caller_works: bool) -> list[int] | None:
         return None
     caller = int(getcpu())
     others = [c for c in allowed if c != caller]
-    order = (others + [caller]) if caller_works else ([caller] + others) if caller in allowed else others
+    own = [caller] if caller in allowed else []
+    order = others + own if caller_works else own + others
     return [order[i % len(order)] for i in range(n)]
 
 
-def pin(native_id: int, cpu: int) -> bool:
-    """Restrict thread ``native_id`` (of this process) to ``cpu``; False if refused."""
+def allowed_cpus() -> set[int] | None:
+    """The CPUs the calling thread may run on (None where the platform cannot tell)."""
     try:
-        os.sched_setaffinity(native_id, {cpu})
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return None
+
+
+def pin(native_id: int, cpus: set[int]) -> bool:
+    """Restrict thread ``native_id`` (of this process) to ``cpus``; False if refused."""
+    try:
+        os.sched_setaffinity(native_id, cpus)
         return True
-    except OSError:
+    except (AttributeError, OSError):
         return False
 
 

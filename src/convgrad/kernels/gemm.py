@@ -888,8 +888,14 @@ class _Worker:
                     fut.set_exception(e)
 
     def place(self, cpu: int | None) -> None:
-        if cpu is not None and cpu != self.cpu and threads.pin(self.native_id, cpu):
-            self.cpu = cpu
+        """Pin to ``cpu``; None: unpin (the caller's allowed CPUs) if pinned."""
+        if cpu is not None:
+            if cpu != self.cpu and threads.pin(self.native_id, {cpu}):
+                self.cpu = cpu
+        elif self.cpu is not None:
+            allowed = threads.allowed_cpus()
+            if allowed and threads.pin(self.native_id, allowed):
+                self.cpu = None
 
     def submit(self, fn, *args) -> Future:
         fut: Future = Future()
