@@ -103,7 +103,9 @@ ADAPTER_CASES = [
     'mb1ic2id5ih6iw4oc3kd2kh3kw2pd1ph0pw1n"3d"',
     'mb1ic1iw600oc9ow8kw128sw64pw0n"istft_like"',
 ]
-# Kernels the peers lack on CPU (measured): every other combination must run.
+# Kernels the peers may lack on CPU: every other combination must run. TensorFlow refused
+# these on the AMD (AVX2) development VM and runs them on the Intel (AVX-512) one, where
+# its oneDNN kernels take them; either way what runs must match the reference.
 UNSUPPORTED = {
     ("tensorflow", "strided_dilated", "bwd_weights"), ("tensorflow", "strided_dilated", "bwd_data"),
     ("tensorflow", "grouped", "bwd_weights"), ("tensorflow", "grouped", "bwd_data"),
@@ -145,7 +147,7 @@ def test_adapter_matches_reference(adapter_results, lib):
     mine = {k: v for k, v in adapter_results.items() if k[0] == lib}
     assert mine
     unsupported = {k for k, v in mine.items() if v == "unsupported"}
-    assert unsupported == {k for k in UNSUPPORTED if k[0] == lib}
+    assert unsupported <= {k for k in UNSUPPORTED if k[0] == lib}
     worst = max(v for v in mine.values() if v != "unsupported")
     assert worst <= 1e-5, (lib, worst)
 

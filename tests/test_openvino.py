@@ -491,15 +491,18 @@ def test_cpu_plugin_saturates_int8():
 
 
 def test_cpu_plugin_3d_single_channel_dilation_bug():
-    """3-D Convolution with C_IN = C_OUT = 1 and a dilated depth axis beside an undilated one is
-    wrong in the CPU plugin; convgrad agrees with the float64 canonical forward."""
+    """3-D Convolution with C_IN = C_OUT = 1 and a dilated depth axis beside an undilated one
+    was wrong in the CPU plugin on the AMD (AVX2) development VM and is right on the Intel
+    (AVX-512) one, where the plugin takes another kernel; convgrad agrees with the float64
+    canonical forward either way."""
     rng = np.random.default_rng(13)
     data = rng.standard_normal((2, 1, 6, 2, 4)).astype(np.float32)
     filters = rng.standard_normal((1, 1, 3, 1, 3)).astype(np.float32)
     attrs = attrs_of((1, 1, 1), (0, 0, 0), (0, 0, 0), (2, 1, 1), "explicit")
     want = convgrad.conv_forward(data.astype(np.float64), filters.astype(np.float64), dilations=(2, 1, 1))
     assert rel_err(cov.Convolution(**attrs)(data, filters), want) <= 1e-6
-    assert rel_err(ov_run("Convolution", data, filters, attrs), want) > 1e-2
+    ov_err = rel_err(ov_run("Convolution", data, filters, attrs), want)
+    assert ov_err <= 1e-5 or ov_err > 1e-2, ov_err         # right, or the known bug
 
 
 # ---------------------------------------------------------------------------------------------
