@@ -426,6 +426,14 @@ def test_estimate_cost_prefers_the_cheaper_lowering():
     for d in ("bwd_data", "bwd_weights"):     # the compiled depthwise kernel when numba is there
         assert cg.choose_algorithm(depthwise, d) == ("direct" if dwk.available() else "taps")
         assert min(("taps", "im2col"), key=lambda a: dispatch.estimate_cost(depthwise, d, a)) == "taps"
+    # 3x3 weight gradients with 64-128 channels: each of taps' 9 products packs its operands,
+    # so im2col's single product wins (measured, dispatch.estimate_cost); 1x1 stays on taps
+    for spec in (_spec(4, 128, 128, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+                 _spec(4, 64, 64, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+                 _spec(1, 64, 64, 1, (16, 18, 18), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))):
+        assert min(("taps", "im2col"), key=lambda a: dispatch.estimate_cost(spec, "bwd_weights", a)) == "im2col"
+    pointwise = _spec(38, 64, 64, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    assert min(("taps", "im2col"), key=lambda a: dispatch.estimate_cost(pointwise, "bwd_weights", a)) == "taps"
 
 
 def test_pointwise_products_without_copies(monkeypatch):

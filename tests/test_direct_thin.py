@@ -310,6 +310,53 @@ def test_thin_dispatch_rule():
     assert cg.choose_algorithm(first, "bwd_weights") == "direct"
     wide_out = make_spec("t", mb=2, ic=3, oc=256, groups=1, src=(64, 64), kernel=(3, 3), pads_begin=1, pads_end=1)
     resnet = make_spec("t", mb=2, ic=64, oc=64, groups=1, src=(56, 56), kernel=(3, 3), pads_begin=1, pads_end=1)
-    for spec in (wide_out, resnet, unet_in, unet_mid):
+    for spec in (wide_out, resnet, unet_mid):
         assert cg.choose_algorithm(spec, "bwd_weights") in ("taps", "im2col"), str(spec)
+    # 3-D weight gradients up to THIN_3D_BWD_WEIGHTS_MAX_CHANNELS on dense grids
+    unet_32 = make_spec("t", mb=1, ic=32, oc=32, groups=1, src=(24, 24, 24), kernel=(3, 3, 3),
+                        pads_begin=1, pads_end=1)
+    assert cg.choose_algorithm(unet_in, "bwd_weights") == cg.choose_algorithm(unet_32, "bwd_weights") == "direct"
+    assert cg.choose_algorithm(latent, "bwd_weights") in ("taps", "im2col")
     assert dispatch.THIN_BWD_WEIGHTS_MAX_CHANNELS <= dispatch.THIN_MAX_CHANNELS
+
+
+@needs_numba
+@pytest.mark.parametrize("bits", [256, 512])
+def test_thin_rule_follows_the_blas_vector_width(monkeypatch, bits):
+    """With a 512-bit BLAS the 2-D thin rule stops at THIN_WIDE_BLAS_2D_MAX_CHANNELS
+    (first layers excepted); with a 256-bit one it keeps THIN_MAX_CHANNELS."""
+    from convgrad import threads
+    monkeypatch.setattr(threads, "blas_vector_bits", lambda: bits)
+    dispatch._direct_pays.cache_clear()
+    try:
+        resnet = make_spec("t", mb=4, ic=64, oc=64, groups=1, src=(56, 56), kernel=(3, 3), pads_begin=1, pads_end=1)
+        narrow = make_spec("t", mb=4, ic=48, oc=48, groups=1, src=(56, 56), kernel=(3, 3), pads_begin=1, pads_end=1)
+        first = make_spec("t", mb=4, ic=3, oc=64, groups=1, src=(112, 112), kernel=(3, 3), pads_begin=1, pads_end=1)
+        wave = make_spec("t", mb=2, ic=64, oc=64, groups=1, src=(3000,), kernel=(3,), pads_begin=1, pads_end=1)
+        for direction in ("fwd", "bwd_data"):
+            want = "direct" if bits == 256 else ("taps", "im2col")
+            assert cg.choose_algorithm(resnet, direction) in want, direction
+            for spec in (narrow, first, wave):
+                assert cg.choose_algorithm(spec, direction) == "direct", (str(spec), direction)
+    finally:
+        dispatch._direct_pays.cache_clear()
+
+
+@pytest.mark.parametrize("archs, bits", [(["SkylakeX"], 512), (["SapphireRapids"], 512), (["Haswell"], 256),
+                                         (["Zen"], 256), (["SkylakeX", "Haswell"], 256), ([], 256), (None, 256)])
+def test_blas_vector_bits_reads_the_blas_architecture(monkeypatch, archs, bits):
+    """512 only when every BLAS loaded runs an AVX-512 OpenBLAS kernel family (threadpoolctl's
+    ``architecture``); an unknown or failing BLAS counts as 256."""
+    from convgrad import threads
+
+    class Fake:
+        def info(self):
+            if archs is None:
+                raise RuntimeError("no BLAS")
+            return [{"architecture": a} for a in archs]
+    monkeypatch.setattr(threads, "_blas", lambda: Fake())
+    threads.blas_vector_bits.cache_clear()
+    try:
+        assert threads.blas_vector_bits() == bits
+    finally:
+        threads.blas_vector_bits.cache_clear()

@@ -50,6 +50,7 @@ from typing import Iterator
 
 import numpy as np
 
+from . import threads
 from .errors import ConvTypeError, ConvValueError
 from .kernels import depthwise, thin
 from .kernels.gemm import flipped_data_gradient, pointwise_spec
@@ -164,7 +165,13 @@ def estimate_cost(spec: ConvSpec, direction: str, algorithm: str) -> float:
     calls = CALL_SECONDS * blocks * (t + 6)
     moves = 0.0 if pointwise_spec(spec) else COPY_SECONDS * (spec.ic * wide + spec.oc * wide)
     if direction == "bwd_weights":
-        return _gemm_seconds(og, cg, wide, g * t) + moves + calls
+        # each of the T products packs both of its operands (BLAS copies them into panels):
+        # T passes over the block's rows where im2col's one product packs its columns once.
+        # Without it the model chose taps for 3x3 weight gradients that im2col ran faster
+        # (measured, 2 threads, ms, im2col / taps: 128 ch 28^2 6.5 / 8.0; 96 ch 4.0 / 4.6;
+        # 64 ch 56^2 7.1-7.7 / 7.8-9.9; 3-D 64 ch 16x18x18 7.8 / 9.4)
+        packs = COPY_SECONDS * t * (cg + og) * g * wide
+        return _gemm_seconds(og, cg, wide, g * t) + moves + calls + packs
     m, k = (og, cg) if direction == "fwd" else (cg, og)
     if k == 1:                                      # element-wise multiply-add per tap
         return ADD_SECONDS * g * m * wide * t + moves + calls
@@ -229,6 +236,14 @@ def _direct_pays(spec: ConvSpec, direction: str, float64: bool) -> str | None:
 # a 8^3-kernel data gradient onto a 1^3 latent (1/512) 0.13 (2 threads).
 THIN_MAX_CHANNELS = 128
 THIN_MIN_DENSITY = 0.5
+# Where the BLAS runs 512-bit kernels (``threads.blas_vector_bits``; an Intel Xeon with
+# AVX-512, OpenBLAS SkylakeX) its GEMMs are twice as wide as the 8-lane register tiles and
+# the 2-D limit drops. Measured there (2 threads, ms, best GEMM / direct, fwd and
+# bwd_data): 16 ch 112^2 1.99-2.36, 32 ch 1.22-1.72, 48 ch 56^2 0.95-1.00, 64 ch 56^2
+# 0.77-0.84, 96 ch 28^2 0.86-0.87, 128 ch 28^2 0.73-0.79. First layers keep the general
+# rules (3 -> 64 ch 112^2: 1.30 / 1.97, weights 2.39), as do 1-D (64 ch 1.22-1.30) and 3-D
+# (32 -> 64 ch fwd 1.08).
+THIN_WIDE_BLAS_2D_MAX_CHANNELS = 48
 # 3-D problems pay a halo on three axes and short rows, so there the kernel needs a denser
 # grid and, for the data gradient (whose padded diff_dst copy grows with the halo), thin
 # channels. Measured (2 threads, float32, ms, direct / best GEMM; 3d_unet layers at the
@@ -250,21 +265,33 @@ THIN_3D_BWD_DATA_MAX_CHANNELS = 32
 # 1.20-2.02; 32 ch dilation 2 1.28 / 1.37; 8 -> 64 ch 5x5 1.09 / 0.61-1.45; 64 ch k3 1-D
 # 1.00 / 1.17; 48 ch 40^2 0.93 / 1.22. Measured on a first version (tiles restarting
 # from zero) and kept on the GEMMs: 64 ch 56^2 0.80 / 0.81, 128 ch 28^2 0.51 / 0.45,
-# 3 -> 256 ch 0.64 / 0.97, 3-D 32 -> 64 ch 19x22x22 0.82 / 0.85.
-THIN_BWD_WEIGHTS_MAX_CHANNELS = 40
+# 3 -> 256 ch 0.64 / 0.97, 3-D 32 -> 64 ch 19x22x22 0.82 / 0.85. On the AVX-512 host (2
+# threads): 48 ch 56^2 1.29, 64 ch 56^2 1.06, 96 ch 0.65, 128 ch 0.57.
+THIN_BWD_WEIGHTS_MAX_CHANNELS = 48
 THIN_BWD_WEIGHTS_FEW_INPUTS = 8
+# 3-D weight gradients with at most 32 channels (on dense grids, as the other 3-D
+# directions), measured on the AVX-512 host (2 threads, ms, best GEMM / direct):
+# 32 ch 24^3 12.0 / 7.4, 16 -> 32 ch 40^3 20.9 / 15.1, 3 -> 32 ch 54x61x61 15.9 / 7.6.
+# (The AVX2 machine had measured 32 -> 64 ch 0.82, still on the GEMMs.)
+THIN_3D_BWD_WEIGHTS_MAX_CHANNELS = 32
 
 
 def thin_pays(spec: ConvSpec, direction: str) -> bool:
     """Whether the automatic choice runs this problem on the thin-channel kernel (pure)."""
     if depthwise.eligible(spec) or not thin.eligible(spec, direction) or _prod(spec.kernel) == 1:
         return False
-    if max(spec.icg, spec.ocg) > THIN_MAX_CHANNELS:
+    widest = max(spec.icg, spec.ocg)
+    if widest > THIN_MAX_CHANNELS:
         return False
-    if direction == "bwd_weights" and (spec.nsp == 3 or (
-            max(spec.icg, spec.ocg) > THIN_BWD_WEIGHTS_MAX_CHANNELS
-            and not (spec.icg <= THIN_BWD_WEIGHTS_FEW_INPUTS and spec.ocg <= 64))):
+    few_inputs = spec.icg <= THIN_BWD_WEIGHTS_FEW_INPUTS
+    if (spec.nsp == 2 and widest > THIN_WIDE_BLAS_2D_MAX_CHANNELS and not few_inputs
+            and threads.blas_vector_bits() > 256):
         return False
+    if direction == "bwd_weights":
+        if spec.nsp == 3 and widest > THIN_3D_BWD_WEIGHTS_MAX_CHANNELS:
+            return False
+        if spec.nsp < 3 and widest > THIN_BWD_WEIGHTS_MAX_CHANNELS and not (few_inputs and spec.ocg <= 64):
+            return False
     out = spec.src if direction == "bwd_data" else spec.dst     # positions the loops walk
     grid = _prod(o + (k - 1) * d for o, k, d in zip(out, spec.kernel, spec.dilations))
     if spec.nsp == 3:

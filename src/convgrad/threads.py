@@ -54,6 +54,22 @@ def set_num_threads(n: int | None) -> None:
     _num_threads = n
 
 
+# OpenBLAS kernel families built on 512-bit vectors (threadpoolctl's ``architecture``).
+_WIDE_BLAS = frozenset({"skylakex", "cooperlake", "sapphirerapids"})
+
+
+@functools.lru_cache(maxsize=1)
+def blas_vector_bits() -> int:
+    """Vector width of the BLAS kernels NumPy runs: 512 for OpenBLAS's AVX-512 families,
+    else 256 (AVX2 and anything not recognised). The compiled loops use 8-lane (256-bit)
+    tiles, so this is how much wider the GEMMs they compete with are."""
+    try:
+        archs = {str(i.get("architecture", "")).lower() for i in _blas().info()}
+    except Exception:  # noqa: BLE001 - an odd BLAS: assume the narrow case
+        return 256
+    return 512 if archs and archs <= _WIDE_BLAS else 256
+
+
 _DIRECT = None        # (get, set) of NumPy's OpenBLAS thread count, looked up once
 _DIRECT_LOOKED = False
 
