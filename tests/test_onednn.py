@@ -479,8 +479,17 @@ def _check_case(p: P, op: str, lib: dict, torch) -> None:
         res = lib.get((p.name, op, dtn))
         if res is not None and res[0] == "ok":
             err = rel_err(got, res[1])
+            if err > TOL["bf16_lib"]:
+                # the Intel AVX-512 BF16 machine runs bf16 in the library (the AMD one could
+                # not) and one strided ConvTranspose came back far off; accept that only when
+                # the library is the one that misses the PyTorch float64 reference
+                want = _reference(torch, p, op)
+                ours_err, lib_err = rel_err(got, want), rel_err(res[1], want)
+                assert ours_err <= TOL[dtn] < lib_err, \
+                    f"{p} {op}: {dtn} rel err {err:.3g} vs the library (ours {ours_err:.3g}, library {lib_err:.3g} vs PyTorch)"
+                _record(op, "torch", dtn, ours_err)
+                continue
             _record(op, "oneDNN", dtn, err)
-            assert err <= TOL["bf16_lib"], f"{p} {op}: {dtn} rel err {err:.3g} vs the library"
             continue
         if res is not None:
             assert _bf16_unsupported(res[1]), f"{p} {op}: the real library failed: {res[1]!r}"

@@ -302,6 +302,12 @@ def tf_plan(case: Case, direction: str) -> str | None:
     dilated = any(d > 1 for d in case.dilations)
     if case.dtype == "i32":
         return "direct" if case.channels_last and case.groups == 1 and not dilated else None
+    if (direction == "fwd" and case.dtype in ("f16", "bf16") and case.padding == "EXPLICIT"
+            and case.nsp == 2):
+        # the worker process died inside the half-type forward kernels with EXPLICIT pads
+        # wider than the input on the Intel AVX-512 FP16/BF16 machine (Conv2D f16, input 4x1,
+        # pads (2, 0), (2, 2); DepthwiseConv2dNative bf16, input 2x1, pads (2, 3), (1, 3))
+        return None
     if case.depthwise:
         if dilated and direction != "fwd":
             return None   # TensorFlow's depthwise gradients ignore dilations (measured; see raw_ops notes)
@@ -314,6 +320,8 @@ def tf_plan(case: Case, direction: str) -> str | None:
             return None
         if f32:
             return "direct"
+        if direction == "fwd" and case.dtype == "bf16":
+            return None   # 0.36 off (|.|-norm) on the Intel AVX-512 BF16 machine, where convgrad met PyTorch f64
         if direction == "fwd" and case.padding == "SAME" and any(
                 (-(-i // s) - 1) * s + case.ek(ax) - i <= -2 for ax, (i, s) in enumerate(zip(case.src, case.strides))):
             return None   # TensorFlow's native Conv3D kernel mis-pads this SAME case (test_tensorflow_quirks)
