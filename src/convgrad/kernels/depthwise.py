@@ -38,21 +38,24 @@ from ..errors import WorkspaceError
 from ..spec import ConvSpec
 from .gemm import geometry, run_each
 
-# Below this many multiply-adds a call runs on the calling thread alone. Waking a pool
-# thread costs 0.1-0.15 ms on the 2-core development VM (run_each of two empty blocks:
-# 0.09-0.12 ms; two 0.09 ms blocks: 0.19 ms serial, 0.20 ms on two threads; two 0.37 ms
-# blocks: 0.74 -> 0.51 ms), so a second thread pays off from about 0.25 ms of one-thread
-# work, which these loops reach at 1.5-2M multiply-adds (mobilenet depthwise layers, whole
-# public call, 2 threads / 1: 512x14^2 fwd 0.35 / 0.30 ms at 0.9M, 256x28^2 even at 1.8M,
-# 128x56^2 and 32x112^2 at 3.6M 0.39 / 0.43 and 0.42 / 0.43 ms).
-PARALLEL_MACS = 3 << 19
+# Below this much work a call runs on the calling thread alone; work counts the
+# multiply-adds plus CHANNEL_MACS per channel (each channel costs ~0.2 us of set-up and
+# copies: 2048 x 14^2 took 0.84 ms on one thread where 512 x 28^2, the same 3.6M
+# multiply-adds, took 0.51). Waking a pool thread costs 0.1-0.15 ms on the AMD VM and
+# more on the Intel one, where whole public calls (one thread / two, ms, 0.5 ms pauses)
+# measured: 256 x 28^2 at 1.8M 0.31 / 0.44-0.46, 128 x 56^2 and 32 x 112^2 at 3.6M 0.44-0.51
+# / 0.48-0.52, 512 x 28^2 at 3.6M 0.50 / 0.50, 2048 x 14^2 0.84 / 0.63, and every 7.2M
+# layer 20-30 % faster on two (0.76-0.89 / 0.64-0.72). On the AMD VM two threads had
+# paid from 1.5-2M (0.02-0.04 ms at 3.6M), so the threshold sits between the two.
+PARALLEL_MACS = 4_300_000
+CHANNEL_MACS = 1500
 # Per loop nest and direction, the multiple of PARALLEL_MACS from which a call uses the
 # pool. The channels-last forward and data gradient run about 3x more multiply-adds per
 # second than the phase grids on small images, so a pool thread pays off only on twice as
-# much work there; both weight gradients run 2-3x fewer per second than the forward
-# (phase grids: 128x56^2/2 at 0.9M, 0.50 ms on 2 threads, 0.56 on 1; channels-last:
-# 256x28^2 at 1.8M, 0.59 / 0.67 ms, but 512x14^2 at 0.9M 0.42 / 0.37 ms).
-PARALLEL_FACTOR = {False: {"fwd": 1.0, "bwd_data": 1.0, "bwd_weights": 0.5},
+# much work there. (Weight gradients had a factor 0.5 on the phase grids, from the AMD VM;
+# on the Intel one 256 x 28^2 at 1.8M took 0.37 / 0.45 ms and 128 x 56^2 at 3.6M 0.48 / 0.50,
+# so they share the threshold.)
+PARALLEL_FACTOR = {False: {"fwd": 1.0, "bwd_data": 1.0, "bwd_weights": 1.0},
                    True: {"fwd": 2.0, "bwd_data": 2.0, "bwd_weights": 1.0}}
 # Chunks per worker thread (threads take the next chunk when they are free, so a worker
 # that wakes late takes fewer) and the fewest multiply-adds worth one chunk.
@@ -130,7 +133,7 @@ def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_li
     c = spec.ic
     per_channel = _macs_per_channel(spec)
     serial = PARALLEL_MACS * PARALLEL_FACTOR[unit > 1][direction]
-    workers = 1 if per_channel * c < serial else max(1, min(c, threads.get_num_threads()))
+    workers = 1 if (per_channel + CHANNEL_MACS) * c < serial else max(1, min(c, threads.get_num_threads()))
     # one thread: one chunk (each chunk is a compiled call, about 10 us of argument unboxing)
     chunk = c if workers == 1 else min(-(-c // workers), max(-(-c // (workers * CHUNKS_PER_WORKER)),
                                                              -(-MIN_CHUNK_MACS // max(1, per_channel))))

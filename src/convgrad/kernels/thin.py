@@ -73,7 +73,7 @@ MAX_TILE = 4096
 CHUNK_BYTES = 256 * 1024
 # Below this many multiply-adds a call runs on the calling thread alone (as depthwise.py);
 # chunks per worker thread.
-PARALLEL_MACS = depthwise.PARALLEL_MACS
+PARALLEL_MACS = 3 << 19      # 1.5M: depthwise.py's AMD-VM threshold, kept (these loops run larger problems)
 CHUNKS_PER_WORKER = 4
 
 
