@@ -250,10 +250,12 @@ def test_thin_keyword_errors(monkeypatch):
     with pytest.raises(cg.ConvValueError, match=r"conv_forward: algorithm 'direct' expects a depthwise problem"
                                                 r".*strides \[2, 1\]"):
         cg.conv_forward(x, w, strides=(2, 1), groups=2, algorithm="direct")
-    x, w, dy = _inputs(strided, rng, np.float32)
+    dilated = make_spec("t", mb=1, ic=4, oc=6, groups=2, src=(7, 5), kernel=(3, 2), strides=(2, 1), dilations=(1, 2))
+    x, w, dy = _inputs(dilated, rng, np.float32)
     with pytest.raises(cg.ConvValueError, match=r"conv_backward_weights: algorithm 'direct' expects a depthwise "
                                                 r"problem .*strides \[2, 1\].* for bwd_weights"):
-        cg.conv_backward_weights(x, dy, strided.kernel, strides=(2, 1), groups=2, algorithm="direct")
+        cg.conv_backward_weights(x, dy, dilated.kernel, strides=(2, 1), dilations=(1, 2), groups=2,
+                                 algorithm="direct")
     dense = _spec(1, 4, 6, 2, (6, 5), (3, 2), (1, 1), (0, 0), (0, 0))
     big_pad = _spec(1, 4, 6, 2, (6, 5), (3, 2), (1, 1), (3, 0), (0, 0))   # pad 3 > (K-1)*d = 2
     x, w, dy = _inputs(big_pad, rng, np.float32)
@@ -360,3 +362,115 @@ def test_blas_vector_bits_reads_the_blas_architecture(monkeypatch, archs, bits):
         assert threads.blas_vector_bits() == bits
     finally:
         threads.blas_vector_bits.cache_clear()
+
+
+# ---------------------------------------------------------------------------------------
+# Strided gradients on stride-phase channels (thin.phase_spec)
+
+def _strided_cases():
+    """Strides 2-3 on 1-3 axes, every remainder of (i + pb + pe - k) / s, kernels shorter
+    and longer than the stride, groups, C_in != C_out, non-square kernels."""
+    rng = np.random.default_rng(41)
+    out = []
+    while len(out) < 24:
+        nsp = 1 + len(out) % 3
+        g = 1 + len(out) % 2
+        k = tuple(int(v) for v in rng.integers(1, 6, nsp))
+        s = tuple(int(v) for v in rng.integers(2, 4, nsp))
+        i = tuple(int(v) for v in rng.integers(5, 12, nsp))
+        pb = tuple(int(v) for v in rng.integers(0, 3, nsp))
+        pe = tuple(int(v) for v in rng.integers(0, 3, nsp))
+        if any(a + b + c < kk for a, b, c, kk in zip(i, pb, pe, k)):
+            continue
+        spec = make_spec("t", mb=2, ic=3 * g, oc=(2 + len(out) % 3) * g, groups=g, src=i, kernel=k, strides=s,
+                         dilations=1, pads_begin=pb, pads_end=pe)
+        out.append(spec)
+    return out
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_strided_gradients_on_phases_match_reference(dtype):
+    rng = np.random.default_rng(42)
+    remainders = set()
+    for spec in _strided_cases():
+        assert thin.phase_spec(spec) is not None and thin.eligible(spec, "bwd_data")
+        assert not thin.eligible(spec, "fwd")
+        remainders.update((a + b + c - k) % s for a, b, c, k, s in
+                          zip(spec.src, spec.pads_begin, spec.pads_end, spec.kernel, spec.strides))
+        x, w, dy = _inputs(spec, rng, dtype)
+        snap = [a.copy() for a in (x, w, dy)]
+        x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+        got_d = cg.conv_backward_data(dy, w, spec.src, **_kw(spec), algorithm="direct")
+        got_w = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="direct")
+        for name, got, want in (("bwd_data", got_d, ref.conv_backward_data(spec, dy64, w64)),
+                                ("bwd_weights", got_w, ref.conv_backward_weights(spec, x64, dy64))):
+            assert got.dtype == dtype and got.shape == want.shape, (name, str(spec))
+            err = rel_err(got, want)
+            TALLY.record((f"{name} strided", np.dtype(dtype).name, f"{spec.nsp}-D"), err)
+            assert err <= (1e-12 if dtype == np.float64 else 1e-5), (name, str(spec), err)
+        assert all(np.array_equal(a, b) for a, b in zip((x, w, dy), snap))
+    assert remainders == {0, 1, 2}
+
+
+@needs_numba
+def test_strided_gradients_bitwise_across_threads_and_non_finite_fall_back():
+    """Thread counts change no bit; an inf that only a zero tap of the phase kernel meets
+    would make NaN there, so such inputs get im2col's result (same NaN pattern)."""
+    spec = make_spec("t", mb=2, ic=3, oc=4, groups=1, src=(11, 9), kernel=(3, 2), strides=(2, 3),
+                     dilations=1, pads_begin=(1, 0), pads_end=(0, 1))
+    rng = np.random.default_rng(43)
+    x, w, dy = _inputs(spec, rng, np.float32)
+    runs = []
+    for n in (1, 2):
+        cg.set_num_threads(n)
+        try:
+            runs.append((cg.conv_backward_data(dy, w, spec.src, **_kw(spec), algorithm="direct"),
+                         cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="direct")))
+        finally:
+            cg.set_num_threads(None)
+    assert all(np.array_equal(a, b) for a, b in zip(*runs))
+    # padded row 11 (input row 10) lies past every window (the last reads rows 8-10): an
+    # input cell no output reads. The phase copy writes zero there (only a zero tap would
+    # meet it), so an inf in it changes no bit of the weight gradient
+    pspec = thin.phase_spec(spec)
+    assert pspec.kernel == (2, 1) and spec.dst[0] == 5
+    xb = x.copy()
+    xb[0, 1, 10, 4] = np.inf
+    clean = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="direct")
+    got = cg.conv_backward_weights(xb, dy, spec.kernel, **_kw(spec), algorithm="direct")
+    assert np.array_equal(got, clean)
+    # an inf in a cell that outputs read: the call falls back, so the result is im2col's
+    xb[0, 1, 9, 4] = np.inf
+    want = cg.conv_backward_weights(xb, dy, spec.kernel, **_kw(spec), algorithm="im2col")
+    got = cg.conv_backward_weights(xb, dy, spec.kernel, **_kw(spec), algorithm="direct")
+    assert not np.isfinite(want).all() and np.array_equal(got, want, equal_nan=True)
+    # an inf in diff_dst row 0 meets the zero tap in phase cell 1 of phase 1 (input row 2,
+    # which the direct sums reach only from diff_dst row 1): the call falls back
+    dyb = dy.copy()
+    dyb[1, 2, 0, 0] = np.inf
+    want = cg.conv_backward_data(dyb, w, spec.src, **_kw(spec), algorithm="im2col")
+    got = cg.conv_backward_data(dyb, w, spec.src, **_kw(spec), algorithm="direct")
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))
+
+
+@needs_numba
+def test_strided_first_layers_dispatch_to_phases():
+    """Both gradients of strided first layers (few inputs) run on phases; the forward and
+    wider layers keep the GEMMs."""
+    mobilenet = make_spec("t", mb=4, ic=3, oc=32, groups=1, src=(224, 224), kernel=(3, 3), strides=2,
+                          pads_begin=1, pads_end=0)
+    resnet = make_spec("t", mb=2, ic=3, oc=64, groups=1, src=(224, 224), kernel=(7, 7), strides=2,
+                       pads_begin=3, pads_end=2)
+    for spec in (mobilenet, resnet):
+        for d in ("bwd_data", "bwd_weights"):
+            assert cg.choose_algorithm(spec, d) == "direct", (str(spec), d)
+        assert cg.choose_algorithm(spec, "fwd") in ("taps", "im2col")
+    wide = make_spec("t", mb=2, ic=64, oc=128, groups=1, src=(56, 56), kernel=(3, 3), strides=2,
+                     pads_begin=1, pads_end=0)
+    dilated = make_spec("t", mb=2, ic=3, oc=32, groups=1, src=(56, 56), kernel=(3, 3), strides=2,
+                        dilations=2, pads_begin=2, pads_end=1)
+    for spec in (wide, dilated):
+        for d in dispatch.DIRECTIONS:
+            assert cg.choose_algorithm(spec, d) in ("taps", "im2col"), (str(spec), d)
+    assert thin.phase_spec(dilated) is None

@@ -274,6 +274,15 @@ THIN_BWD_WEIGHTS_FEW_INPUTS = 8
 # 32 ch 24^3 12.0 / 7.4, 16 -> 32 ch 40^3 20.9 / 15.1, 3 -> 32 ch 54x61x61 15.9 / 7.6.
 # (The AVX2 machine had measured 32 -> 64 ch 0.82, still on the GEMMs.)
 THIN_3D_BWD_WEIGHTS_MAX_CHANNELS = 32
+# Strided first layers (dilation 1, at most THIN_BWD_WEIGHTS_FEW_INPUTS input channels and
+# THIN_STRIDED_MAX_OUTPUTS outputs per group, 1-D/2-D): both gradients run as stride-1
+# problems on stride-phase channels (``thin.phase_spec``). The GEMMs there have a
+# 27-147-long reduction over few channels, the loops a dense grid. Measured on the
+# AVX-512 host (2 threads, ms, best GEMM / phases, whole public call): mobilenet conv1
+# (3 -> 32, 3x3 stride 2, 224^2, mb 32) bwd_data 45.8 / 16.4, bwd_weights 22.0 / 11.4;
+# resnet_50 conv1 (3 -> 64, 7x7 stride 2, mb 4) bwd_data 14.6 / 9.4, bwd_weights 8.8 / 7.9.
+# The forward gains nothing (mobilenet 26.0 / 22.2, resnet 7.7 / 8.1) and stays on the GEMMs.
+THIN_STRIDED_MAX_OUTPUTS = 64
 
 
 def thin_pays(spec: ConvSpec, direction: str) -> bool:
@@ -284,6 +293,8 @@ def thin_pays(spec: ConvSpec, direction: str) -> bool:
     if widest > THIN_MAX_CHANNELS:
         return False
     few_inputs = spec.icg <= THIN_BWD_WEIGHTS_FEW_INPUTS
+    if any(st != 1 for st in spec.strides):     # gradients on stride-phase channels
+        return few_inputs and spec.ocg <= THIN_STRIDED_MAX_OUTPUTS and spec.nsp <= 2
     if (spec.nsp == 2 and widest > THIN_WIDE_BLAS_2D_MAX_CHANNELS and not few_inputs
             and threads.blas_vector_bits() > 256):
         return False
@@ -316,6 +327,7 @@ def check_direct(op: str, spec: ConvSpec, direction: str | None = None) -> None:
             raise ConvValueError(
                 f"{op}: algorithm 'direct' expects a depthwise problem (C_IN / groups = 1, 1 to 3 spatial axes), "
                 f"or stride 1 on 1 to 3 spatial axes (for bwd_data also pads at most (K - 1) * dilation), "
+                f"or, for bwd_data and bwd_weights, any stride with dilation 1 and a non-empty output, "
                 f"but got C_IN {spec.ic}, groups {spec.groups} ({spec.icg} channels per group), "
                 f"{spec.nsp} spatial axes, strides {list(spec.strides)}, pads_begin {list(spec.pads_begin)}, "
                 f"pads_end {list(spec.pads_end)}" + (f" for {direction}" if direction else ""))

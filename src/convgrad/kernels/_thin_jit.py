@@ -403,3 +403,92 @@ def _fold(out, lanes):
             for l in range(L):
                 s += lanes[o, u, l]
             out[o, u] = s
+
+
+# Stride phases (``thin.phase_spec``): a strided problem's input as phase channels and back.
+# ``geo`` = (s0, s1, s2, pb0, pb1, pb2, k0, k1, k2) per 3-D axis; phase cell ``j`` of phase
+# ``r`` is padded cell ``s*j + r``, input cell ``s*j + r - pb``. A real tap ``k = s*q + r <
+# K`` of output ``o < dst`` reads phase cell ``o + q``, so phase ``r`` is read exactly on
+# ``j <= dst - 1 + (K - 1 - r) // s`` (none when ``r >= K``).
+
+@njit(nogil=True, cache=True)
+def _phase_range(r, s, pb, length, size):
+    """Phase cells ``j`` of phase ``r`` whose input cell ``s*j + r - pb`` lies in ``[0, size)``."""
+    lo = max(0, -((r - pb) // s))
+    hi = min(length, max(lo, -((r - pb - size) // s)))
+    return lo, hi
+
+
+@njit(nogil=True, cache=True)
+def _last_read(r, s, k, length):
+    """The last phase cell of phase ``r`` that a real tap reads (-1: none)."""
+    if r >= k:
+        return -1
+    kq = (k + s - 1) // s
+    return length - kq + (k - 1 - r) // s
+
+
+@njit(nogil=True, cache=True)
+def phase_split(x, geo, xph, k0, k1):
+    """``xph[n, c, r0, r1, r2, j0, j1, j2] = x[n, c, s*j + r - pb]`` for the (image,
+    channel) pairs ``k0 <= n*C + c < k1``, zero outside ``x`` and on cells no real tap
+    reads (so that what lies in input cells no output reads never enters a sum); every
+    cell of those pairs is written."""
+    n_ch = x.shape[1]
+    i0n, i1n, i2n = x.shape[2], x.shape[3], x.shape[4]
+    s0, s1, s2 = xph.shape[2], xph.shape[3], xph.shape[4]
+    l0, l1, l2 = xph.shape[5], xph.shape[6], xph.shape[7]
+    pb0, pb1, pb2 = geo[3], geo[4], geo[5]
+    for k in range(k0, k1):
+        n, c = k // n_ch, k % n_ch
+        for r0 in range(s0):
+            last0 = _last_read(r0, s0, geo[6], l0)
+            for j0 in range(l0):
+                i0 = s0 * j0 + r0 - pb0
+                for r1 in range(s1):
+                    last1 = _last_read(r1, s1, geo[7], l1)
+                    for j1 in range(l1):
+                        i1 = s1 * j1 + r1 - pb1
+                        inside = 0 <= i0 < i0n and 0 <= i1 < i1n and j0 <= last0 and j1 <= last1
+                        for r2 in range(s2):
+                            dst = xph[n, c, r0, r1, r2, j0, j1]
+                            if not inside:
+                                dst[:] = 0.0
+                                continue
+                            row = x[n, c, i0, i1]
+                            lo, hi = _phase_range(r2, s2, pb2, l2, i2n)
+                            hi = max(lo, min(hi, _last_read(r2, s2, geo[8], l2) + 1))
+                            dst[:lo] = 0.0
+                            base = r2 - pb2
+                            for j2 in range(lo, hi):
+                                dst[j2] = row[s2 * j2 + base]
+                            dst[hi:] = 0.0
+
+
+@njit(nogil=True, cache=True)
+def phase_merge(dph, geo, out, k0, k1):
+    """``out[n, c, i] = dph[n, c, r, j]`` with ``s*j + r = i + pb`` (zero past the phase
+    grids) for the (image, channel) pairs ``k0 <= n*C + c < k1``: the inverse of
+    ``phase_split`` on the cells of ``out``."""
+    n_ch = out.shape[1]
+    i0n, i1n, i2n = out.shape[2], out.shape[3], out.shape[4]
+    s0, s1, s2 = dph.shape[2], dph.shape[3], dph.shape[4]
+    l0, l1, l2 = dph.shape[5], dph.shape[6], dph.shape[7]
+    pb0, pb1, pb2 = geo[3], geo[4], geo[5]
+    for k in range(k0, k1):
+        n, c = k // n_ch, k % n_ch
+        for i0 in range(i0n):
+            j0, r0 = (i0 + pb0) // s0, (i0 + pb0) % s0
+            for i1 in range(i1n):
+                j1, r1 = (i1 + pb1) // s1, (i1 + pb1) % s1
+                dst = out[n, c, i0, i1]
+                if not (0 <= j0 < l0 and 0 <= j1 < l1):      # cropped by a negative pad, or past the grids
+                    dst[:] = 0.0
+                    continue
+                dst[:] = 0.0            # cells past the phase grids (read by no tap)
+                for r2 in range(s2):
+                    lo, hi = _phase_range(r2, s2, pb2, l2, i2n)
+                    src = dph[n, c, r0, r1, r2, j0, j1]
+                    base = r2 - pb2
+                    for j2 in range(lo, hi):
+                        dst[s2 * j2 + base] = src[j2]

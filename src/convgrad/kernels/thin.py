@@ -14,6 +14,14 @@ with ``W'[g, c, o, j] = W[g, o, c, K-1-j]`` (the kernel flipped on every axis, i
 output channels swapped per group) and pads ``(K-1)*d - p`` (``gemm.flipped_spec``, derived
 there). Only stride 1 (and, for the data gradient, pads at most ``(K-1)*d``) is supported.
 
+Strided problems (dilation 1): both gradients run as stride-1 problems on stride-phase
+channels (``phase_spec``, derived there): the input (or its gradient) is split into
+``prod(strides)`` phase grids per channel, the kernel into the taps of each phase (zero
+where a phase has fewer), and the results are copied back (``phase_split`` /
+``phase_merge`` in ``_thin_jit.py``). Cells that no real tap reads are zero in the phase
+input, so what lies in input cells no output reads never enters a sum; a non-finite value
+met anyway (an ``inf`` times a zero tap) sends the call to ``im2col``.
+
 The weight gradient with stride 1 walks the same flat grids the other way: for every
 (output channel, term ``(c, k)``) pair, a sum over positions of diff_dst (zero in the wide
 cells) times the input shifted by the tap's offset. Its register tile is 4 output channels
@@ -75,6 +83,8 @@ CHUNK_BYTES = 256 * 1024
 # chunks per worker thread.
 PARALLEL_MACS = 3 << 19      # 1.5M: depthwise.py's AMD-VM threshold, kept (these loops run larger problems)
 CHUNKS_PER_WORKER = 4
+# Stride-phase copies (``phase_spec``) of at least this many input cells run on the pool.
+PHASE_PARALLEL_CELLS = 1 << 18
 
 
 def available() -> bool:
@@ -92,14 +102,40 @@ def _jit():
 
 
 def eligible(spec: ConvSpec, direction: str) -> bool:
-    """Problems the kernel runs: stride 1, 1-3 spatial axes, more than one input channel per
-    group (one is ``depthwise.py``'s); fwd and bwd_data (the latter with pads at most
-    ``(K-1)*d``, so that it is a forward convolution of ``diff_dst``)."""
-    if not (1 <= spec.nsp <= 3 and spec.icg > 1 and all(s == 1 for s in spec.strides)):
+    """Problems the kernel runs: 1-3 spatial axes, more than one input channel per group
+    (one is ``depthwise.py``'s); with stride 1 every direction (bwd_data with pads at most
+    ``(K-1)*d``, so that it is a forward convolution of ``diff_dst``); with larger strides
+    and dilation 1 the two gradients, on stride-phase channels (``phase_spec``)."""
+    if not (1 <= spec.nsp <= 3 and spec.icg > 1):
         return False
+    if any(s != 1 for s in spec.strides):
+        return direction in ("bwd_data", "bwd_weights") and phase_spec(spec) is not None
     if direction in ("fwd", "bwd_weights"):
         return True
     return direction == "bwd_data" and flipped_spec(spec) is not None
+
+
+@functools.lru_cache(maxsize=256)
+def phase_spec(spec: ConvSpec) -> ConvSpec | None:
+    """A strided problem (dilation 1) as a stride-1 problem on stride-phase channels, or None.
+
+    Per axis with stride ``s``, write the tap as ``k = s*q + r`` (``0 <= r < s``). Output
+    ``o`` reads padded input ``s*o + k = s*(o + q) + r``, i.e. cell ``o + q`` of phase
+    grid ``r`` (``xph_r[j] = xpad[s*j + r]``). So the problem is a stride-1 correlation,
+    no padding, over ``C * prod(s)`` channels (channel-major, phase-minor: groups stay
+    contiguous), with kernel ``ceil(K/s)`` whose tap ``(r, q)`` is ``W[s*q + r]``, zero
+    where ``s*q + r >= K``, on grids of ``dst + ceil(K/s) - 1`` cells. Those cells reach
+    every padded cell a real tap reads (``s*o + k <= s*(dst - 1 + q_max) + r``), and every
+    padded cell belongs to one phase cell, so the data gradient maps back with no sums.
+    """
+    if all(s == 1 for s in spec.strides) or any(d != 1 for d in spec.dilations) or 0 in spec.dst:
+        return None
+    kq = tuple(-(-k // s) for k, s in zip(spec.kernel, spec.strides))
+    phases = math.prod(spec.strides)
+    return ConvSpec(mb=spec.mb, ic=spec.ic * phases, oc=spec.oc, groups=spec.groups,
+                    src=tuple(o + q - 1 for o, q in zip(spec.dst, kq)), kernel=kq,
+                    strides=(1,) * spec.nsp, dilations=(1,) * spec.nsp,
+                    pads_begin=(0,) * spec.nsp, pads_end=(0,) * spec.nsp)
 
 
 def _as_forward(spec: ConvSpec, direction: str) -> ConvSpec:
@@ -151,6 +187,11 @@ def fits(spec: ConvSpec, direction: str, dtype, workspace_limit: int) -> bool:
     """Whether one thread's scratch plus a converted copy of every input fits in the cap
     (the dispatcher's automatic choice falls back to the NumPy lowerings otherwise)."""
     item = np.dtype(dtype).itemsize
+    pspec = phase_spec(spec)
+    if pspec is not None:               # plus the phase arrays (input or its gradient, weights)
+        extra = (math.prod(pspec.src_shape) + math.prod(pspec.weights_shape)) * item
+        return extra + math.prod(spec.src_shape) * item <= workspace_limit and fits(
+            pspec, direction, dtype, workspace_limit - extra)
     fspec = _as_forward(spec, direction)
     data = math.prod(fspec.src_shape) * item
     if direction == "bwd_weights":
@@ -219,9 +260,116 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
     return _forward(spec, x, w, dtype=dtype, workspace_limit=workspace_limit, fixed=held, direction="fwd")
 
 
+def _phase_axes(nsp: int, lead: int):
+    """Axis orders between ``(lead..., L0, s0, L1, s1, ...)`` and ``(lead..., s0, s1, ...,
+    L0, L1, ...)``."""
+    to_phases = tuple(range(lead)) + tuple(lead + 2 * a + 1 for a in range(nsp)) + tuple(lead + 2 * a for a in range(nsp))
+    return to_phases, tuple(np.argsort(to_phases))
+
+
+def _phase_weights(spec: ConvSpec, pspec: ConvSpec, weights: np.ndarray, dtype) -> np.ndarray:
+    """``(O, C * prod(s), *ceil(K/s))``: tap ``(r, q)`` of phase channel ``c*P + r`` is
+    ``W[o, c, s*q + r]``, zero past the kernel."""
+    wpad = np.zeros((spec.oc, spec.icg) + tuple(s * q for s, q in zip(spec.strides, pspec.kernel)), dtype=dtype)
+    wpad[(slice(None), slice(None)) + tuple(slice(0, k) for k in spec.kernel)] = weights
+    split = (spec.oc, spec.icg) + tuple(v for q, s in zip(pspec.kernel, spec.strides) for v in (q, s))
+    to_phases, _ = _phase_axes(spec.nsp, 2)
+    return np.ascontiguousarray(wpad.reshape(split).transpose(to_phases)).reshape(pspec.weights_shape)
+
+
+def _phase_geo(spec: ConvSpec) -> np.ndarray:
+    pad = 3 - spec.nsp
+    return np.array((1,) * pad + spec.strides + (0,) * pad + spec.pads_begin + (1,) * pad + spec.kernel,
+                    dtype=np.int64)
+
+
+def _phase_shapes(spec: ConvSpec, pspec: ConvSpec) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The input and the phase array as 3-D: ``(N, C, *S)`` and ``(N, C, *s, *L)``."""
+    pad = 3 - spec.nsp
+    return ((spec.mb, spec.ic) + (1,) * pad + spec.src,
+            (spec.mb, spec.ic) + (1,) * pad + spec.strides + (1,) * pad + pspec.src)
+
+
+def _by_channels(spec: ConvSpec, fn) -> None:
+    """``fn(k0, k1)`` over chunks of the (image, channel) pairs on the pool (element
+    copies: any cut gives the same array)."""
+    pairs = spec.mb * spec.ic
+    n = min(pairs, threads.get_num_threads()) if math.prod(spec.src_shape) >= PHASE_PARALLEL_CELLS else 1
+    n = max(1, n)
+    cuts = [pairs * i // n for i in range(n + 1)]
+    run_each(lambda r: fn(r[0], r[1]), list(zip(cuts, cuts[1:])), n)
+
+
+def _phase_input(spec: ConvSpec, pspec: ConvSpec, src: np.ndarray, dtype) -> np.ndarray:
+    """``(N, C * prod(s), *L)``: ``xph[n, c*P + r, j] = xpad[n, c, s*j + r]`` (zeros in the
+    padding)."""
+    x, _ = _contiguous(src, dtype)
+    shape3, phase3 = _phase_shapes(spec, pspec)
+    xph = np.empty(pspec.src_shape, dtype=dtype)
+    x3, xph3, geo = x.reshape(shape3), xph.reshape(phase3), _phase_geo(spec)
+    _by_channels(spec, lambda c0, c1: _jit().phase_split(x3, geo, xph3, c0, c1))
+    return xph
+
+
+def _fallback(spec: ConvSpec, direction: str, a: np.ndarray, b: np.ndarray, dtype, workspace_limit: int):
+    """The GEMM lowering (``im2col``) for a phased problem that met a non-finite value, so
+    that such inputs propagate as they do on the other strided lowerings: the phase
+    kernel's zero taps turn ``0 * inf`` into NaN in data-gradient cells whose direct sums
+    have no such term, and the weight-gradient loop multiplies input cells cropped by the
+    stride with the zero wide cells of diff_dst."""
+    from .. import dispatch              # the dispatcher imports this module
+    from . import gemm
+    fn = gemm.conv_backward_data if direction == "bwd_data" else gemm.conv_backward_weights
+    return fn(spec, a, b, dtype=dtype, algorithm="im2col", workspace_limit=workspace_limit,
+              rows_target=dispatch.ROWS_TARGET)
+
+
+def _not_finite(arr: np.ndarray) -> bool:
+    """Whether ``arr`` holds a NaN or an infinity (a sum is one fast pass; a sum that
+    overflows also says so, and only costs a fallback)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        return not np.isfinite(np.add.reduce(arr, axis=None))
+
+
+def _phased_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, *, dtype,
+                          workspace_limit: int) -> np.ndarray:
+    """Data gradient of a strided problem: the stride-1 data gradient on phase channels,
+    each phase cell written back to its one padded input cell (``phase_spec``)."""
+    pspec = phase_spec(spec)
+    w = _phase_weights(spec, pspec, weights, dtype)
+    extra = w.nbytes + math.prod(pspec.src_shape) * dtype.itemsize
+    dph = conv_backward_data(pspec, diff_dst, w, dtype=dtype, workspace_limit=workspace_limit - extra)
+    if _not_finite(dph):
+        return _fallback(spec, "bwd_data", diff_dst, weights, dtype, workspace_limit)
+    # every input cell is one phase cell (cells no phase cell reaches are read by no tap)
+    out = np.empty(spec.src_shape, dtype=dtype)
+    shape3, phase3 = _phase_shapes(spec, pspec)
+    out3, dph3, geo = out.reshape(shape3), dph.reshape(phase3), _phase_geo(spec)
+    _by_channels(spec, lambda c0, c1: _jit().phase_merge(dph3, geo, out3, c0, c1))
+    return out
+
+
+def _phased_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, *, dtype,
+                             workspace_limit: int) -> np.ndarray:
+    """Weight gradient of a strided problem: the stride-1 weight gradient on phase channels,
+    its real taps read back (``phase_spec``)."""
+    pspec = phase_spec(spec)
+    xph = _phase_input(spec, pspec, src, dtype)
+    dw = conv_backward_weights(pspec, xph, diff_dst, dtype=dtype, workspace_limit=workspace_limit - xph.nbytes)
+    if _not_finite(dw):
+        return _fallback(spec, "bwd_weights", src, diff_dst, dtype, workspace_limit)
+    split = (spec.oc, spec.icg) + tuple(spec.strides) + pspec.kernel
+    _, from_phases = _phase_axes(spec.nsp, 2)
+    full = dw.reshape(split).transpose(from_phases).reshape(
+        (spec.oc, spec.icg) + tuple(s * q for s, q in zip(spec.strides, pspec.kernel)))
+    return np.ascontiguousarray(full[(slice(None), slice(None)) + tuple(slice(0, k) for k in spec.kernel)])
+
+
 def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, *, dtype,
                        workspace_limit: int) -> np.ndarray:
     dtype = np.dtype(dtype)
+    if phase_spec(spec) is not None:
+        return _phased_backward_data(spec, diff_dst, weights, dtype=dtype, workspace_limit=workspace_limit)
     fspec = flipped_spec(spec)
     # (G*Og, Cg, *K) -> (G*Cg, Og, *K) with every kernel axis flipped: flipping them all
     # reverses the flat tap index, so it is one reversed axis of T elements
@@ -287,6 +435,8 @@ def _bw_cuts(spec: ConvSpec) -> list[int]:
 def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, *, dtype,
                           workspace_limit: int) -> np.ndarray:
     dtype = np.dtype(dtype)
+    if phase_spec(spec) is not None:
+        return _phased_backward_weights(spec, src, diff_dst, dtype=dtype, workspace_limit=workspace_limit)
     jit = _jit()
     item = dtype.itemsize
     n_terms = spec.icg * math.prod(spec.kernel)
