@@ -278,10 +278,11 @@ THIN_3D_BWD_WEIGHTS_MAX_CHANNELS = 32
 # THIN_STRIDED_MAX_OUTPUTS outputs per group, 1-D/2-D): both gradients run as stride-1
 # problems on stride-phase channels (``thin.phase_spec``). The GEMMs there have a
 # 27-147-long reduction over few channels, the loops a dense grid. Measured on the
-# AVX-512 host (2 threads, ms, best GEMM / phases, whole public call): mobilenet conv1
-# (3 -> 32, 3x3 stride 2, 224^2, mb 32) bwd_data 45.8 / 16.4, bwd_weights 22.0 / 11.4;
-# resnet_50 conv1 (3 -> 64, 7x7 stride 2, mb 4) bwd_data 14.6 / 9.4, bwd_weights 8.8 / 7.9.
-# The forward gains nothing (mobilenet 26.0 / 22.2, resnet 7.7 / 8.1) and stays on the GEMMs.
+# AVX-512 host (2 threads, ms, im2col / phases, whole public call): mobilenet conv1
+# (3 -> 32, 3x3 stride 2, 224^2, mb 32) bwd_data 42-48 / 22-25, bwd_weights 24 / 15-16;
+# resnet_50 conv1 (3 -> 64, 7x7 stride 2, mb 4) bwd_data 15-16 / 10-12, bwd_weights 10-12 /
+# 8.5-8.9. The forward would gain little (the stride-1 loop alone on the phase arrays:
+# mobilenet 20 ms + 2 for the copy against 26, resnet 7.7 against 7.7), so it keeps the GEMMs.
 THIN_STRIDED_MAX_OUTPUTS = 64
 
 
