@@ -429,16 +429,21 @@ def _last_read(r, s, k, length):
 
 
 @njit(nogil=True, cache=True)
+def _phase_dims(plain, phases, geo):
+    """Channels and input sizes of ``plain`` (N, C, S0, S1, S2), strides and phase-grid
+    sizes of ``phases`` (N, C, s0, s1, s2, L0, L1, L2), and the leading pads."""
+    return (plain.shape[1], plain.shape[2], plain.shape[3], plain.shape[4],
+            phases.shape[2], phases.shape[3], phases.shape[4], phases.shape[5], phases.shape[6], phases.shape[7],
+            geo[3], geo[4], geo[5])
+
+
+@njit(nogil=True, cache=True)
 def phase_split(x, geo, xph, k0, k1):
     """``xph[n, c, r0, r1, r2, j0, j1, j2] = x[n, c, s*j + r - pb]`` for the (image,
     channel) pairs ``k0 <= n*C + c < k1``, zero outside ``x`` and on cells no real tap
     reads (so that what lies in input cells no output reads never enters a sum); every
     cell of those pairs is written."""
-    n_ch = x.shape[1]
-    i0n, i1n, i2n = x.shape[2], x.shape[3], x.shape[4]
-    s0, s1, s2 = xph.shape[2], xph.shape[3], xph.shape[4]
-    l0, l1, l2 = xph.shape[5], xph.shape[6], xph.shape[7]
-    pb0, pb1, pb2 = geo[3], geo[4], geo[5]
+    n_ch, i0n, i1n, i2n, s0, s1, s2, l0, l1, l2, pb0, pb1, pb2 = _phase_dims(x, xph, geo)
     for k in range(k0, k1):
         n, c = k // n_ch, k % n_ch
         for r0 in range(s0):
@@ -470,11 +475,7 @@ def phase_merge(dph, geo, out, k0, k1):
     """``out[n, c, i] = dph[n, c, r, j]`` with ``s*j + r = i + pb`` (zero past the phase
     grids) for the (image, channel) pairs ``k0 <= n*C + c < k1``: the inverse of
     ``phase_split`` on the cells of ``out``."""
-    n_ch = out.shape[1]
-    i0n, i1n, i2n = out.shape[2], out.shape[3], out.shape[4]
-    s0, s1, s2 = dph.shape[2], dph.shape[3], dph.shape[4]
-    l0, l1, l2 = dph.shape[5], dph.shape[6], dph.shape[7]
-    pb0, pb1, pb2 = geo[3], geo[4], geo[5]
+    n_ch, i0n, i1n, i2n, s0, s1, s2, l0, l1, l2, pb0, pb1, pb2 = _phase_dims(out, dph, geo)
     for k in range(k0, k1):
         n, c = k // n_ch, k % n_ch
         for i0 in range(i0n):
