@@ -12,7 +12,7 @@ tiles of consecutive positions of the images' padded grids, computed in register
 The data gradient with stride 1 is the same forward loop: ``dsrc = conv(diff_dst, W')``
 with ``W'[g, c, o, j] = W[g, o, c, K-1-j]`` (the kernel flipped on every axis, input and
 output channels swapped per group) and pads ``(K-1)*d - p`` (``gemm.flipped_spec``, derived
-there). Only stride 1 (and, for the data gradient, pads at most ``(K-1)*d``) is supported.
+there). The forward needs stride 1 (and the data gradient, pads at most ``(K-1)*d``).
 
 Strided problems (dilation 1): both gradients run as stride-1 problems on stride-phase
 channels (``phase_spec``, derived there): the input (or its gradient) is split into
@@ -290,7 +290,7 @@ def _phase_shapes(spec: ConvSpec, pspec: ConvSpec) -> tuple[tuple[int, ...], tup
             (spec.mb, spec.ic) + (1,) * pad + spec.strides + (1,) * pad + pspec.src)
 
 
-def _by_channels(spec: ConvSpec, fn) -> None:
+def _by_pairs(spec: ConvSpec, fn) -> None:
     """``fn(k0, k1)`` over chunks of the (image, channel) pairs on the pool (element
     copies: any cut gives the same array)."""
     pairs = spec.mb * spec.ic
@@ -302,12 +302,12 @@ def _by_channels(spec: ConvSpec, fn) -> None:
 
 def _phase_input(spec: ConvSpec, pspec: ConvSpec, src: np.ndarray, dtype) -> np.ndarray:
     """``(N, C * prod(s), *L)``: ``xph[n, c*P + r, j] = xpad[n, c, s*j + r]`` (zeros in the
-    padding)."""
+    padding and on cells no real tap reads)."""
     x, _ = _contiguous(src, dtype)
     shape3, phase3 = _phase_shapes(spec, pspec)
     xph = np.empty(pspec.src_shape, dtype=dtype)
     x3, xph3, geo = x.reshape(shape3), xph.reshape(phase3), _phase_geo(spec)
-    _by_channels(spec, lambda c0, c1: _jit().phase_split(x3, geo, xph3, c0, c1))
+    _by_pairs(spec, lambda k0, k1: _jit().phase_split(x3, geo, xph3, k0, k1))
     return xph
 
 
@@ -345,7 +345,7 @@ def _phased_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndar
     out = np.empty(spec.src_shape, dtype=dtype)
     shape3, phase3 = _phase_shapes(spec, pspec)
     out3, dph3, geo = out.reshape(shape3), dph.reshape(phase3), _phase_geo(spec)
-    _by_channels(spec, lambda c0, c1: _jit().phase_merge(dph3, geo, out3, c0, c1))
+    _by_pairs(spec, lambda k0, k1: _jit().phase_merge(dph3, geo, out3, k0, k1))
     return out
 
 
