@@ -486,7 +486,7 @@ def phase_merge(dph, geo, out, k0, k1):
                 if not (0 <= j0 < l0 and 0 <= j1 < l1):      # cropped by a negative pad, or past the grids
                     dst[:] = 0.0
                     continue
-                dst[:] = 0.0            # cells past the phase grids (read by no tap)
+                dst[max(0, s2 * l2 - pb2):] = 0.0      # cells past the phase grids (read by no tap)
                 for r2 in range(s2):
                     lo, hi = _phase_range(r2, s2, pb2, l2, i2n)
                     src = dph[n, c, r0, r1, r2, j0, j1]
