@@ -14,3 +14,14 @@ from hypothesis import settings
 settings.register_profile("fixed", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def without_blocked(monkeypatch):
+    """Dispatch as on a host without the ``blocked`` kernel, so that a test can pin the
+    rules of the other kernels (``blocked`` is chosen before them where it runs)."""
+    from convgrad.kernels import blocked
+    monkeypatch.setattr(blocked, "available", lambda: False)

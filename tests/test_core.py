@@ -416,7 +416,7 @@ def test_numpy_path_without_cblas(monkeypatch):
             assert rel_err(a, b) <= 1e-6
 
 
-def test_estimate_cost_prefers_the_cheaper_lowering():
+def test_estimate_cost_prefers_the_cheaper_lowering(without_blocked):
     """The cost model's ordering on shapes where one lowering clearly wins."""
     small_image = _spec(32, 512, 512, 1, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
     first_layer = _spec(8, 3, 64, 1, (224, 224), (7, 7), (2, 2), (1, 1), (3, 3), (2, 2))

@@ -270,7 +270,7 @@ def test_thin_keyword_errors(monkeypatch):
 
 
 @needs_numba
-def test_thin_dispatch_rule():
+def test_thin_dispatch_rule(without_blocked):
     """``choose_algorithm`` picks the thin kernel where it was measured faster (float32,
     stride 1, fwd and bwd_data, kernels of several taps, at most THIN_MAX_CHANNELS channels
     per group, dense enough grids) and keeps the GEMM lowerings elsewhere."""
@@ -324,7 +324,7 @@ def test_thin_dispatch_rule():
 
 @needs_numba
 @pytest.mark.parametrize("bits", [256, 512])
-def test_thin_rule_follows_the_blas_vector_width(monkeypatch, bits):
+def test_thin_rule_follows_the_blas_vector_width(monkeypatch, bits, without_blocked):
     """With a 512-bit BLAS the 2-D thin rule stops at THIN_WIDE_BLAS_2D_MAX_CHANNELS
     (first layers excepted); with a 256-bit one it keeps THIN_MAX_CHANNELS."""
     from convgrad import threads
@@ -455,7 +455,7 @@ def test_strided_gradients_bitwise_across_threads_and_non_finite_fall_back():
 
 
 @needs_numba
-def test_strided_first_layers_dispatch_to_phases():
+def test_strided_first_layers_dispatch_to_phases(without_blocked):
     """Both gradients of strided first layers (few inputs) run on phases; the forward and
     wider layers keep the GEMMs."""
     mobilenet = make_spec("t", mb=4, ic=3, oc=32, groups=1, src=(224, 224), kernel=(3, 3), strides=2,

@@ -32,6 +32,12 @@ to the reference kernel, which accumulates in int64), then a cost model,
   register-tiled direct loops; it is chosen for kernels of more than one tap with at most
   ``THIN_MAX_CHANNELS`` channels per group (fewer for weight gradients; ``thin_pays``,
   measured numbers there), where the GEMMs have a small dimension.
+* ``blocked`` (``kernels/blocked.py``) is the convolution as its own GEMM: channels-last
+  copies of the operands and a register-blocked micro-kernel compiled for this CPU with
+  llvmlite (512-bit vectors on AVX-512). It needs numba and an x86-64 host with AVX2 and
+  FMA, computes in float32, and is chosen before the thin kernel and the cost model where
+  ``blocked_pays`` (multi-tap kernels with enough work per copied element; measured
+  numbers there).
 
 The model charges the GEMM flops at a rate that falls with the smallest GEMM dimension
 (``RATE_KNEE``: a 64-wide GEMM runs at ~0.8 of peak), plus the copies and adds around
@@ -52,11 +58,11 @@ import numpy as np
 
 from . import threads
 from .errors import ConvTypeError, ConvValueError
-from .kernels import depthwise, thin
+from .kernels import blocked, depthwise, thin
 from .kernels.gemm import flipped_data_gradient, pointwise_spec
 from .spec import ConvSpec
 
-ALGORITHMS = ("reference", "im2col", "taps", "direct")
+ALGORITHMS = ("reference", "im2col", "taps", "direct", "blocked")
 DIRECTIONS = ("fwd", "bwd_data", "bwd_weights")
 
 DEFAULT_WORKSPACE_LIMIT = 256 * 1024 * 1024
@@ -202,6 +208,8 @@ def choose_algorithm(spec: ConvSpec, direction: str, dtype: object = np.float32,
     pays = _direct_pays(spec, direction, dt == np.float64) if direct else None
     if pays == "depthwise" and depthwise.available():
         return "direct"
+    if direct and dt != np.float64 and _blocked_pays(spec, direction) and blocked.available():
+        return "blocked"
     if pays == "thin" and thin.available():
         return "direct"
     return _cheapest(spec, direction)
@@ -311,6 +319,77 @@ def thin_pays(spec: ConvSpec, direction: str) -> bool:
             return False
         return _prod(out) >= THIN_3D_MIN_DENSITY * grid
     return _prod(out) >= THIN_MIN_DENSITY * grid
+
+
+# ``blocked`` (channels-last copies + a register-blocked micro-kernel) is chosen for float32
+# problems where (measured in-process on the AVX-512 host, 2 threads, ms, blocked / the
+# previous choice; fwd, bwd_data, bwd_weights):
+#  - the kernel has more than one tap (a 1x1 layer is one GEMM that BLAS runs on the NCX
+#    arrays in place, while here both layout copies are full passes over memory:
+#    resnet_50 res2a_branch2a 23.8 / 7.0, 18.1 / 6.4, 18.6 / 7.9);
+#  - the output channels the vector lanes hold (forward and weight gradient: C_out per
+#    group; data gradient: C_in per group) number at least BLOCKED_MIN_LANE_CHANNELS (16
+#    channels fill a quarter of a 64-channel register tile: 16 ch 3x3 128^2 2.43 / 2.24,
+#    2.37 / 2.24, 3.00 / 2.10; a 3-channel data gradient 10.3 / 3.7);
+#  - there are at least BLOCKED_MIN_INTENSITY multiply-adds per element copied (the input
+#    and output of the forward, diff_dst and dsrc, or src and diff_dst): the copies run at
+#    memory speed. VGG conv1 (3 -> 64, 224^2, 26 per element) 8.5 / 3.6, 11.3 / 3.5,
+#    6.6 / 2.9; 3d_unet conv_1 (73) bwd_weights 9.5 / 6.6; 1-D 64 channels k3 (96) 2.48 /
+#    2.28; where it pays: 32 ch 3x3 112^2 (144) 2.42 / 2.97, 2.43 / 2.88, 2.97 / 2.91;
+#    resnet_50 conv1 7x7 stride 2 (124) fwd 5.2 / 7.1, bwd_weights 6.0 / 7.7;
+#  - the weights are at most BLOCKED_MAX_WEIGHT_RATIO times the copied elements (they
+#    are put in blocks on every call, another pass over memory): 3d_unet conv_8 (ratio 28)
+#    8.6 / 4.1, 9.4 / 5.0, 11.6 / 3.5; conv_7 (11) 5.3 / 4.5, 6.0 / 7.5, 3.3 / 3.2;
+#    resnet_50 res5a_branch2b mb4 (12) 4.7 / 4.5, 4.9 / 5.7, 4.4 / 4.2;
+#  - the micro-kernels run 512-bit vectors (``blocked.vector_bits``): the 256-bit build
+#    (AVX2 hosts) is correct but was not measured against the other kernels there.
+# Where it is chosen: res2a_branch2b (64 ch 56^2 mb4) 4.0 / 4.7, 3.9 / 5.2, 4.5 / 8.2;
+# res3a_branch2b 3.5 / 4.3, 3.5 / 4.8, 4.1 / 6.7; res4a_branch2b (ratio 1.5) 3.6 / 3.9,
+# 3.6 / 4.4, 3.8 / 4.2; 3d_unet conv_3 (64 ch 16x18x18) 3.5 / 6.1, 3.5 / 6.2, 4.0 / 7.5;
+# conv_2 (32 -> 64) 2.9 / 5.0, 3.6 / 6.1, 3.8 / 6.4; conv_5 (128 ch 11^3) 3.3 / 3.9, 3.6 /
+# 4.4, 2.8 / 4.0; 48 ch 3x3 56^2 2.4 / 3.4, 2.4 / 3.4, 2.7 / 3.6.
+BLOCKED_MIN_LANE_CHANNELS = 32
+BLOCKED_MIN_INTENSITY = 100
+BLOCKED_MAX_WEIGHT_RATIO = {"fwd": 4, "bwd_data": 12, "bwd_weights": 4}
+
+
+def blocked_pays(spec: ConvSpec, direction: str) -> bool:
+    """Whether the automatic choice runs this float32 problem on ``blocked`` (pure)."""
+    if direction not in DIRECTIONS:
+        raise ConvValueError(f"blocked_pays: direction must be one of {DIRECTIONS}, but got {direction!r}")
+    return _blocked_pays(spec, direction)
+
+
+@functools.lru_cache(maxsize=1024)
+def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
+    if _prod(spec.kernel) == 1 or spec.icg < 2 or not blocked.eligible(spec, direction):
+        return False
+    if blocked.vector_bits() < 512:
+        return False
+    lanes = spec.icg if direction == "bwd_data" else spec.ocg
+    if lanes < BLOCKED_MIN_LANE_CHANNELS:
+        return False
+    src = spec.mb * spec.ic * _prod(spec.src)
+    dst = spec.mb * spec.oc * _prod(spec.dst)
+    macs = spec.flops // 2
+    if macs < BLOCKED_MIN_INTENSITY * (src + dst):
+        return False
+    return _prod(spec.weights_shape) <= BLOCKED_MAX_WEIGHT_RATIO[direction] * (src + dst)
+
+
+def check_blocked(op: str, spec: ConvSpec, direction: str, dtype: np.dtype) -> None:
+    """Raise unless ``algorithm="blocked"`` can run this problem here."""
+    if not blocked.eligible(spec, direction):
+        raise ConvValueError(
+            f"{op}: algorithm 'blocked' expects 1 to 3 spatial axes and, for bwd_data, stride 1 with pads at most "
+            f"(K - 1) * dilation, but got {spec.nsp} spatial axes, strides {list(spec.strides)}, pads_begin "
+            f"{list(spec.pads_begin)}, pads_end {list(spec.pads_end)} for {direction}")
+    if np.dtype(dtype) == np.float64:
+        raise ConvValueError(f"{op}: algorithm 'blocked' computes in float32 and expects float32, float16 or "
+                             f"bfloat16 data, but got float64")
+    if not blocked.available():
+        raise ConvValueError(f"{op}: algorithm 'blocked' expects numba and llvmlite on an x86-64 CPU with AVX2 and "
+                             f"FMA (pip install convgrad[fast]), but {blocked.unavailable_reason()}")
 
 
 def direct_kernel(spec: ConvSpec):

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import dispatch
 from .errors import ConvTypeError, ConvValueError
-from .kernels import gemm, reference
+from .kernels import blocked, gemm, reference
 from .spec import ConvSpec, describe_dst_mismatch, int_list, make_spec
 
 try:  # ml_dtypes is a declared dependency; the guard only keeps error messages useful
@@ -92,7 +92,8 @@ def resolve(op: str, spec: ConvSpec, direction: str, dt: np.dtype, algorithm: st
     limit = dispatch.get_workspace_limit() if workspace_limit is None else dispatch._check_limit(workspace_limit)
     if algorithm is None:
         algorithm = dispatch.choose_algorithm(spec, direction, dt)
-        if algorithm == "direct" and not dispatch.direct_kernel(spec).fits(spec, direction, compute_dtype(dt), limit):
+        kernel = {"direct": dispatch.direct_kernel(spec), "blocked": blocked}.get(algorithm)
+        if kernel is not None and not kernel.fits(spec, direction, compute_dtype(dt), limit):
             algorithm = dispatch.choose_algorithm(spec, direction, dt, direct=False)
     elif algorithm not in dispatch.ALGORITHMS:
         raise ConvValueError(f"{op}: algorithm must be one of {dispatch.ALGORITHMS}, but got {algorithm!r}")
@@ -100,6 +101,8 @@ def resolve(op: str, spec: ConvSpec, direction: str, dt: np.dtype, algorithm: st
         algorithm = "reference"   # exact integers: only the int64 reference is exact
     elif algorithm == "direct":
         dispatch.check_direct(op, spec, direction)
+    elif algorithm == "blocked":
+        dispatch.check_blocked(op, spec, direction, compute_dtype(dt))
     return algorithm, limit
 
 
@@ -176,6 +179,10 @@ def _run(direction: str, spec: ConvSpec, a: np.ndarray, b: np.ndarray, out_dtype
         fn = {"fwd": reference.conv_forward, "bwd_weights": reference.conv_backward_weights,
               "bwd_data": reference.conv_backward_data}[direction]
         res = fn(spec, a.astype(acc), b.astype(acc))
+    elif algorithm == "blocked":
+        fn = {"fwd": blocked.conv_forward, "bwd_weights": blocked.conv_backward_weights,
+              "bwd_data": blocked.conv_backward_data}[direction]
+        res = fn(spec, a, b, dtype=cdt, workspace_limit=limit)
     elif algorithm == "direct":
         kernel = dispatch.direct_kernel(spec)
         fn = {"fwd": kernel.conv_forward, "bwd_weights": kernel.conv_backward_weights,

@@ -1,0 +1,268 @@
+"""numba loops of the ``blocked`` kernel (kernel layer; imports numba).
+
+They copy between NCX and channels-last layouts, reorder the weights into blocks and walk
+the output rows, calling the compiled micro-kernel (``_ukernel.py``) through its address.
+The address is an argument, never a constant of the compiled loop, so numba's on-disk
+cache stays valid in every process.
+
+Channels-last arrays: ``(N, rows, Wp, Cp)`` flat, where ``rows`` runs over every spatial
+axis but the last (row-major), ``Wp`` is the last axis with its zero padding, and ``Cp``
+the channels, each group's ``cg`` channels padded with zeros to ``cgp`` (lanes of the
+micro-kernel's vectors). Weight blocks: for group ``g`` and the block of ``wbw`` output
+channels from ``ob0``, a ``(T, cg, wbw)`` array at ``(g*T*cg*ogp + ob0*T*cg)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+JIT = dict(nogil=True, cache=True)
+NARGS = 14      # R, OB + the micro-kernel's 12 arguments
+
+
+@intrinsic
+def _ukernel(typingctx, addr, R, OB, a, b, y, aoff, boff, ntaps, K, a_rs, a_ks, b_ks, y_rs, acc):
+    sig = types.void(*([types.int64] * (NARGS + 1)))
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        fnty = ir.FunctionType(ir.VoidType(), [i64] * NARGS)
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        builder.call(fn, list(args[1:]))
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@njit(**JIT)
+def to_channels_last(x, out, q0, q1, groups, cg, cgp, pad, block):
+    """``x`` (N, G*cg, rows, W) -> ``out`` (N, rows, Wp, G*cgp), cell ``w`` at ``pad + w``,
+    zero elsewhere; rows ``q0 .. q1`` of all images laid end to end, ``block`` rows of an
+    image at a time (the channel rows of a block are read as they are written, position
+    by position, from cache)."""
+    rows, W = x.shape[2], x.shape[3]
+    Wp, Cp = out.shape[2], out.shape[3]
+    xf = x.reshape(-1)
+    of = out.reshape(-1)
+    plane = rows * W
+    q = q0
+    while q < q1:
+        n, r0 = q // rows, q % rows
+        r1 = min(rows, r0 + block, r0 + q1 - q)
+        for r in range(r0, r1):
+            ob = ((n * rows + r) * Wp) * Cp
+            for i in range(pad * Cp):
+                of[ob + i] = 0.0
+            for i in range((pad + W) * Cp, Wp * Cp):
+                of[ob + i] = 0.0
+            ib = (n * groups * cg * rows + r) * W
+            for w in range(W):
+                o = ob + (pad + w) * Cp
+                for g in range(groups):
+                    for c in range(cg):
+                        of[o + g * cgp + c] = xf[ib + (g * cg + c) * plane + w]
+                    for c in range(cg, cgp):
+                        of[o + g * cgp + c] = 0.0
+        q += r1 - r0
+
+
+@njit(**JIT)
+def from_channels_last(ycl, y, q0, q1, groups, og, ogp, block):
+    """``ycl`` (N, rows, W, G*ogp) -> ``y`` (N, G*og, rows, W); rows ``q0 .. q1`` of all
+    images laid end to end, ``block`` rows of an image at a time."""
+    rows, W = y.shape[2], y.shape[3]
+    Cp = groups * ogp
+    yf = y.reshape(-1)
+    cf = ycl.reshape(-1)
+    plane = rows * W
+    q = q0
+    while q < q1:
+        n, r0 = q // rows, q % rows
+        r1 = min(rows, r0 + block, r0 + q1 - q)
+        for g in range(groups):
+            for o in range(og):
+                yb = (n * groups * og + g * og + o) * plane
+                cb = g * ogp + o
+                for p in range(r0 * W, r1 * W):
+                    yf[yb + p] = cf[(n * plane + p) * Cp + cb]
+        q += r1 - r0
+
+
+@njit(**JIT)
+def weight_blocks(w, out, groups, og, cg, ogp, obw, flip, b0, b1):
+    """Forward weights in blocks (module doc), blocks ``b0 .. b1`` of the (group, block of
+    output channels) list. ``w`` is (G*og, cg, T) or, with ``flip`` (the data gradient's
+    forward), the original (G*cg, og, T): output channel ``o`` and input channel ``c`` of
+    the forward read ``w[g*cg + c, o, T-1-t]``. Reads run along ``w``'s rows."""
+    T = w.shape[2]
+    nob = (ogp + obw - 1) // obw
+    for b in range(b0, b1):
+        g = b // nob
+        ob0 = (b % nob) * obw
+        wbw = min(obw, ogp - ob0)
+        base = g * T * cg * ogp + ob0 * T * cg
+        if og - ob0 < wbw:
+            for i in range(T * cg):
+                for j in range(og - ob0, wbw):
+                    out[base + i * wbw + j] = 0.0
+        if flip:
+            for c in range(cg):
+                for j in range(min(wbw, og - ob0)):
+                    src = w[g * cg + c, ob0 + j]
+                    for t in range(T):
+                        out[base + ((T - 1 - t) * cg + c) * wbw + j] = src[t]
+        else:           # 16 output channels at a time: each write fills a cache line
+            nj = min(wbw, og - ob0)
+            for j0 in range(0, nj, 16):
+                for c in range(cg):
+                    for j in range(j0, min(nj, j0 + 16)):
+                        src = w[g * og + ob0 + j, c]
+                        for t in range(T):
+                            out[base + (t * cg + c) * wbw + j] = src[t]
+
+
+@njit(**JIT)
+def weights_from_blocks(blk, dw, groups, og, cg, ogp, obw, b0, b1):
+    """Inverse of ``weight_blocks`` (no flip) for blocks ``b0 .. b1``: -> ``dw`` (G*og, cg,
+    T), 16 output channels at a time (each read takes a whole cache line)."""
+    T = dw.shape[2]
+    nob = (ogp + obw - 1) // obw
+    for b in range(b0, b1):
+        g = b // nob
+        ob0 = (b % nob) * obw
+        wbw = min(obw, ogp - ob0)
+        base = g * T * cg * ogp + ob0 * T * cg
+        nj = min(wbw, og - ob0)
+        for j0 in range(0, nj, 16):
+            for c in range(cg):
+                for t in range(T):
+                    src = base + (t * cg + c) * wbw
+                    for j in range(j0, min(nj, j0 + 16)):
+                        dw[g * og + ob0 + j, c, t] = blk[src + j]
+
+
+@njit(**JIT)
+def _tap_rows(r, rows_dst, dst_o, src_o, k_o, s_o, d_o, pb_o, ko, rows_src):
+    """Input row (flat over images) that output row ``r`` reads with outer tap ``ko``, or
+    -1 where it lies in the padding."""
+    n = r // rows_dst
+    rem = r % rows_dst
+    kr = ko
+    lin = 0
+    mult = 1
+    for a in range(len(dst_o) - 1, -1, -1):
+        oa = rem % dst_o[a]
+        rem //= dst_o[a]
+        ka = kr % k_o[a]
+        kr //= k_o[a]
+        ia = oa * s_o[a] - pb_o[a] + ka * d_o[a]
+        if ia < 0 or ia >= src_o[a]:
+            return -1
+        lin += ia * mult
+        mult *= src_o[a]
+    return n * rows_src + lin
+
+
+@njit(**JIT)
+def forward_rows(xcl, wblk, ycl, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, r0, r1, addr, r_max, lanes, obw, cb):
+    """Output rows ``r0 .. r1`` (flat over images) of the forward convolution on
+    channels-last ``xcl`` (N, rows_src, Wp, G*cg) into ``ycl`` (N, rows_dst, Wout, G*ogp).
+
+    Each tile: ``R`` consecutive outputs of a row x ``wbw`` output channels of a group,
+    summed over the chunk's input channels ``cb0 .. cb0 + cb`` of every tap that reads a
+    real input row (outer axes; the last axis reads the zero padding of ``xcl``), chunk
+    after chunk. Loops: group, output-channel block, channel chunk, row, tile, so that one
+    block of weights (``T * cb * wbw``) is read from cache while the rows stream.
+    """
+    groups, cg, ogp, Wp, Wout, kw_n, sw, dw, rows_dst, rows_src = (
+        geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8], geo[9])
+    T = wblk.shape[0] // (groups * cg * ogp)
+    C = groups * cg
+    kouter = T // kw_n
+    aoff = np.empty(T, np.int64)
+    boff = np.empty(T, np.int64)
+    xa = xcl.ctypes.data
+    ya = ycl.ctypes.data
+    wa = wblk.ctypes.data
+    ntile = (Wout + r_max - 1) // r_max
+    for g in range(groups):
+        for ob0 in range(0, ogp, obw):
+            wbw = min(obw, ogp - ob0)
+            OB = wbw // lanes
+            bbase = g * T * cg * ogp + ob0 * T * cg
+            for cb0 in range(0, cg, cb):
+                cn = min(cb, cg - cb0)
+                for r in range(r0, r1):
+                    ntaps = 0
+                    for ko in range(kouter):
+                        src_row = _tap_rows(r, rows_dst, dst_o, src_o, k_o, s_o, d_o, pb_o, ko, rows_src)
+                        if src_row < 0:
+                            continue
+                        for kw in range(kw_n):
+                            aoff[ntaps] = src_row * Wp * C + kw * dw * C + g * cg + cb0
+                            boff[ntaps] = bbase + ((ko * kw_n + kw) * cg + cb0) * wbw
+                            ntaps += 1
+                    w0 = 0
+                    for tile in range(ntile):
+                        R = Wout // ntile + (1 if tile < Wout % ntile else 0)
+                        _ukernel(addr, R, OB, xa + 4 * (w0 * sw * C), wa, ya + 4 * ((r * Wout + w0) * groups * ogp
+                                                                                    + g * ogp + ob0),
+                                 aoff.ctypes.data, boff.ctypes.data, ntaps, cn, sw * C, 1, wbw, groups * ogp,
+                                 1 if cb0 > 0 else 0)
+                        w0 += R
+
+
+@njit(**JIT)
+def weight_tiles(xcl, dycl, blk, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, i0, i1, addr, r_max, lanes, obw,
+                 chunk_rows):
+    """Tiles ``i0 .. i1`` of the weight gradient into the blocks ``blk`` (module doc).
+
+    Tile ``i``: group, output-channel block, tap, and ``R`` input channels from ``c0``;
+    its sum runs over the output rows in chunks of ``chunk_rows`` (fixed by the problem),
+    each chunk over the rows whose input row for this tap is real, each row over its
+    ``Wout`` positions: ``dW[t, c, o] += x[row_in, w*sw + kw*dw, c] * dy[row, w, o]``.
+    Every thread walks the same chunks for its own tiles (the chunk's rows stay in cache
+    for all of them), so no element is summed by two threads.
+    """
+    groups, cg, ogp, Wp, Wout, kw_n, sw, dw, rows_dst, rows_src, nrows = (
+        geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8], geo[9], geo[10])
+    T = blk.shape[0] // (groups * cg * ogp)
+    C = groups * cg
+    nob = (ogp + obw - 1) // obw
+    nct = (cg + r_max - 1) // r_max
+    aoff = np.empty(chunk_rows, np.int64)
+    boff = np.empty(chunk_rows, np.int64)
+    xa = xcl.ctypes.data
+    da = dycl.ctypes.data
+    ba = blk.ctypes.data
+    for q0 in range(0, nrows, chunk_rows):
+        q1 = min(nrows, q0 + chunk_rows)
+        listed = -1                 # the tap whose row list aoff / boff hold
+        n = 0
+        for i in range(i0, i1):
+            cti = i % nct
+            rest = i // nct
+            t = rest % T
+            rest //= T
+            ob0 = (rest % nob) * obw
+            g = rest // nob
+            wbw = min(obw, ogp - ob0)
+            c0 = cti * r_max
+            R = min(r_max, cg - c0)
+            if t != listed:
+                ko = t // kw_n
+                kw = t % kw_n
+                n = 0
+                for r in range(q0, q1):
+                    src_row = _tap_rows(r, rows_dst, dst_o, src_o, k_o, s_o, d_o, pb_o, ko, rows_src)
+                    if src_row < 0:
+                        continue
+                    aoff[n] = src_row * Wp * C + kw * dw * C
+                    boff[n] = r * Wout * groups * ogp
+                    n += 1
+                listed = t
+            y = ba + 4 * (g * T * cg * ogp + ob0 * T * cg + (t * cg + c0) * wbw)
+            _ukernel(addr, R, wbw // lanes, xa + 4 * (g * cg + c0), da + 4 * (g * ogp + ob0), y, aoff.ctypes.data,
+                     boff.ctypes.data, n, Wout, 1, sw * C, groups * ogp, wbw, 1 if q0 > 0 else 0)

@@ -1,0 +1,283 @@
+"""Channels-last register-blocked kernel, algorithm ``blocked`` (kernel layer: arrays and a
+ConvSpec only).
+
+The GEMM lowerings (``gemm.py``) move the data around BLAS: im2col copies, per-tap
+products that pack their operands again, scatters. Here the convolution is its own GEMM:
+the operands are copied once into channels-last layouts, and a register-blocked
+micro-kernel compiled for this CPU (``_ukernel.py``, 512-bit vectors on AVX-512, 256-bit on
+AVX2) reads them in place.
+
+Forward (any stride, dilation and padding)::
+
+    y[n, p, o] = sum_t sum_c x[n, p*s - pb + k_t*d, c] * W[o, c, k_t]
+
+The input is copied to ``(N, rows, Wp, C)`` with zeros around the last spatial axis
+(``rows``: every other spatial axis), so along that axis a tile of ``R`` consecutive
+outputs reads ``R`` cells ``s_w * C`` apart for every tap; the other axes are resolved
+per output row: a tap whose input row lies in the padding is left out of the row's term
+list (no work on zero rows). The weights go into blocks ``(T, C_g, 64)`` of output
+channels (the vector lanes); a tile sums ``x`` element (broadcast) times weight vector
+over the taps and channels, in registers, and stores ``R x 64`` outputs once.
+
+Data gradient (stride 1): the forward convolution of ``diff_dst`` with the kernel flipped
+and channels swapped, pads ``(K - 1)*d - p`` (``gemm.flipped_spec``, derived there); the
+flip is done while the weights are put in blocks.
+
+Weight gradient (any stride, dilation, padding)::
+
+    dW[o, c, k_t] = sum_n sum_p x[n, p*s - pb + k_t*d, c] * dy[n, p, o]
+
+the same micro-kernel with the roles turned: a tile is ``R`` input channels (broadcast from
+the channels-last input) x 64 output channels (vectors of the channels-last ``diff_dst``)
+of one tap, summed over the positions of every output row whose input row is real, the
+rows taken in chunks that stay in cache while every tile of a thread walks them.
+
+Determinism: every sum runs in an order fixed by the problem (taps, then channel chunks
+whose size depends on the problem only, then channels; for the weights, row chunks, rows,
+positions); threads split output rows (forward) or weight tiles, never a sum. So results
+are bitwise identical whatever the thread count. Only float32 compute (half types are
+converted); numba runs the loops around the micro-kernel (``_blocked_jit.py``).
+
+Non-finite values: the zeros around the last axis and in the padded lanes are multiplied
+like the GEMM lowerings' zero cells (an ``inf`` weight next to that padding gives NaN
+there); taps that fall in the padding of the other axes are skipped.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from .. import threads
+from ..errors import WorkspaceError
+from ..spec import ConvSpec
+from . import _ukernel, depthwise
+from .gemm import _scratch, flipped_spec, run_each
+
+# Bytes of one block of weights (taps x a chunk of input channels x 64 output channels)
+# that the forward keeps in the L2 cache while the rows stream past it. The input channels
+# of a block are cut into chunks of at most this size.
+WEIGHT_BLOCK_BYTES = 512 * 1024
+# Bytes of output rows (diff_dst and the input rows they read) per chunk of the weight
+# gradient: every tile of a thread walks the chunk, so it must stay in the L2 cache.
+ROW_CHUNK_BYTES = 1024 * 1024
+# Below this many multiply-adds a call runs on the calling thread alone.
+PARALLEL_MACS = 3 << 19
+# Copies of at least this many elements run on the pool.
+PARALLEL_COPY = 1 << 16
+# The layout copies move every channel's rows in runs of at least this many elements
+# (whole rows of one image), so that each read (or write) of the channel-major side is
+# one sequential stream.
+COPY_RUN = 1024
+
+
+def available() -> bool:
+    """Whether the kernel can run: numba (``depthwise.available``) and the micro-kernels
+    (llvmlite on an x86-64 host with AVX2 + FMA or AVX-512)."""
+    return depthwise.available() and _jit() is not None and _ukernel.compiled() is not None
+
+
+def vector_bits() -> int:
+    """Width of the micro-kernels' vectors on this host (512 or 256), 0 where unavailable."""
+    c = _ukernel.compiled() if available() else None
+    return 0 if c is None else 32 * c.lanes
+
+
+def unavailable_reason() -> str:
+    """Why ``available()`` is False, in words (for error messages)."""
+    if not depthwise.available() or _jit() is None:
+        return "numba is not installed or CONVGRAD_NUMBA=0"
+    if _ukernel.compiled() is None:
+        return "llvmlite could not build the micro-kernels for this CPU"
+    return "it is available"
+
+
+@functools.lru_cache(maxsize=1)
+def _jit():
+    try:
+        from . import _blocked_jit
+    except ImportError:
+        return None
+    return _blocked_jit
+
+
+def eligible(spec: ConvSpec, direction: str) -> bool:
+    """Problems the kernel runs: 1-3 spatial axes; the data gradient with stride 1 and
+    pads at most ``(K - 1)*d`` (a forward convolution of ``diff_dst``)."""
+    if not 1 <= spec.nsp <= 3 or 0 in spec.dst:
+        return False
+    return direction != "bwd_data" or flipped_spec(spec) is not None
+
+
+def _lanes() -> tuple[int, int, int]:
+    """(lanes V, register tile rows R_MAX, output channels per block = OB_MAX * V)."""
+    c = _ukernel.compiled()
+    return c.lanes, c.r_max, c.ob_max * c.lanes
+
+
+def _padded(count: int, lanes: int) -> int:
+    return -(-count // lanes) * lanes
+
+
+def _last_axis(spec: ConvSpec) -> tuple[int, int]:
+    """(Wp, pad): the last axis of the channels-last input, every cell a tile reads, and
+    where the input's first cell goes."""
+    need = (spec.dst[-1] - 1) * spec.strides[-1] + (spec.kernel[-1] - 1) * spec.dilations[-1] + 1
+    return max(need, spec.pads_begin[-1] + spec.src[-1]), spec.pads_begin[-1]
+
+
+def _workspace(spec: ConvSpec, direction: str) -> int:
+    """Bytes of the channels-last copies, the weight blocks and any converted input."""
+    fspec = flipped_spec(spec) if direction == "bwd_data" else spec
+    lanes = _lanes()[0] if available() else 16
+    wp, _ = _last_axis(fspec)
+    rows_src = fspec.mb * math.prod(fspec.src[:-1])
+    rows_dst = fspec.mb * math.prod(fspec.dst[:-1])
+    ogp = _padded(fspec.ocg, lanes)
+    xcl = rows_src * wp * fspec.ic
+    ycl = rows_dst * fspec.dst[-1] * fspec.groups * ogp
+    blk = fspec.groups * math.prod(fspec.kernel) * fspec.icg * ogp
+    converted = math.prod(fspec.src_shape) + math.prod(fspec.dst_shape)
+    return 4 * (xcl + ycl + blk + converted)
+
+
+def fits(spec: ConvSpec, direction: str, dtype, workspace_limit: int) -> bool:
+    """Whether the copies fit in the cap (the automatic choice falls back otherwise)."""
+    return _workspace(spec, direction) <= workspace_limit
+
+
+def _check(spec: ConvSpec, direction: str, workspace_limit: int) -> None:
+    need = _workspace(spec, direction)
+    if need > workspace_limit:
+        raise WorkspaceError(
+            f"{direction}: the workspace limit ({workspace_limit} bytes) is too small for the channels-last "
+            f"copies of problem {spec} ({need} bytes); raise it with convgrad.set_workspace_limit()")
+
+
+def _f32(arr: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
+def _workers(spec: ConvSpec) -> int:
+    macs = spec.flops // 2
+    return 1 if macs < PARALLEL_MACS else max(1, threads.get_num_threads())
+
+
+def _cuts(count: int, parts: int) -> list[tuple[int, int]]:
+    parts = max(1, min(parts, count))
+    b = [count * i // parts for i in range(parts + 1)]
+    return [(b[i], b[i + 1]) for i in range(parts) if b[i + 1] > b[i]]
+
+
+def _geometry(spec: ConvSpec) -> tuple[np.ndarray, ...]:
+    """The outer axes (all spatial axes but the last) as int64 arrays: dst, src, kernel,
+    strides, dilations, pads_begin."""
+    outer = (spec.dst, spec.src, spec.kernel, spec.strides, spec.dilations, spec.pads_begin)
+    return tuple(np.array(v[:-1], dtype=np.int64) for v in outer)
+
+
+def _to_channels_last(arr: np.ndarray, groups: int, cg: int, cgp: int, wp: int, pad: int,
+                      workers: int, slot: str) -> np.ndarray:
+    """(N, G*cg, *S) float32 -> (N, rows, Wp, G*cgp) float32 (module doc), in this
+    thread's scratch buffer ``slot`` (reused from call to call: a fresh buffer is faulted
+    in page by page)."""
+    jit = _jit()
+    n, sp = arr.shape[0], arr.shape[2:]
+    rows = math.prod(sp[:-1])
+    x4 = arr.reshape(n, groups * cg, rows, sp[-1])
+    out = _scratch(slot, (n, rows, wp, groups * cgp), np.float32)
+    parts = workers if arr.size >= PARALLEL_COPY else 1
+    block = -(-COPY_RUN // sp[-1])
+    run_each(lambda b: jit.to_channels_last(x4, out, b[0], b[1], groups, cg, cgp, pad, block),
+             _cuts(n * rows, parts), parts)
+    return out
+
+
+def _from_channels_last(ycl: np.ndarray, shape: tuple[int, ...], groups: int, og: int, ogp: int,
+                        workers: int) -> np.ndarray:
+    jit = _jit()
+    n, rows, w = ycl.shape[0], ycl.shape[1], ycl.shape[2]
+    y = np.empty((n, groups * og, rows, w), dtype=np.float32)
+    parts = workers if y.size >= PARALLEL_COPY else 1
+    block = -(-COPY_RUN // w)
+    run_each(lambda b: jit.from_channels_last(ycl, y, b[0], b[1], groups, og, ogp, block), _cuts(n * rows, parts), parts)
+    return y.reshape(shape)
+
+
+def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspace_limit: int,
+             direction: str) -> np.ndarray:
+    """The forward loop of ``fspec`` on ``x`` (N, C, *S); ``w`` the forward's weights, or
+    with ``flip`` the original weights of the data gradient (module doc)."""
+    _check(fspec, direction, workspace_limit)
+    jit = _jit()
+    lanes, r_max, obw = _lanes()
+    g, cg, og = fspec.groups, fspec.icg, fspec.ocg
+    ogp = _padded(og, lanes)
+    t = math.prod(fspec.kernel)
+    workers = _workers(fspec)
+    wp, pad = _last_axis(fspec)
+    xcl = _to_channels_last(_f32(x), g, cg, cg, wp, pad, workers, "blocked_x")
+    blk = _scratch("blocked_w", (g * t * cg * ogp,), np.float32)
+    w3 = _f32(w).reshape(w.shape[0], w.shape[1], t)
+    nblk = g * -(-ogp // obw)
+    parts = workers if blk.size >= PARALLEL_COPY else 1
+    run_each(lambda b: jit.weight_blocks(w3, blk, g, og, cg, ogp, obw, flip, b[0], b[1]), _cuts(nblk, parts), parts)
+    rows_src = math.prod(fspec.src[:-1])
+    rows_dst = math.prod(fspec.dst[:-1])
+    wout = fspec.dst[-1]
+    ycl = _scratch("blocked_y", (fspec.mb, rows_dst, wout, g * ogp), np.float32)
+    geo = np.array((g, cg, ogp, wp, wout, fspec.kernel[-1], fspec.strides[-1], fspec.dilations[-1],
+                    rows_dst, rows_src), dtype=np.int64)
+    cb = max(1, min(cg, WEIGHT_BLOCK_BYTES // (4 * t * obw)))
+    addr = _ukernel.compiled().address
+    dst_o, src_o, k_o, s_o, d_o, pb_o = _geometry(fspec)
+    run_each(lambda b: jit.forward_rows(xcl.reshape(-1), blk, ycl.reshape(-1), geo, dst_o, src_o, k_o, s_o, d_o,
+                                        pb_o, b[0], b[1], addr, r_max, lanes, obw, cb),
+             _cuts(fspec.mb * rows_dst, workers), workers)
+    return _from_channels_last(ycl, fspec.dst_shape, g, og, ogp, workers)
+
+
+def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype, workspace_limit: int) -> np.ndarray:
+    return _forward(spec, src, weights, False, workspace_limit, "fwd")
+
+
+def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, *, dtype,
+                       workspace_limit: int) -> np.ndarray:
+    fspec = flipped_spec(spec)
+    return _forward(fspec, diff_dst, weights, True, workspace_limit, "bwd_data")
+
+
+def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, *, dtype,
+                          workspace_limit: int) -> np.ndarray:
+    _check(spec, "bwd_weights", workspace_limit)
+    jit = _jit()
+    lanes, r_max, obw = _lanes()
+    g, cg, og = spec.groups, spec.icg, spec.ocg
+    ogp = _padded(og, lanes)
+    t = math.prod(spec.kernel)
+    workers = _workers(spec)
+    wp, pad = _last_axis(spec)
+    xcl = _to_channels_last(_f32(src), g, cg, cg, wp, pad, workers, "blocked_x")
+    wout = spec.dst[-1]
+    dycl = _to_channels_last(_f32(diff_dst), g, og, ogp, wout, 0, workers, "blocked_y")
+    rows_src = math.prod(spec.src[:-1])
+    rows_dst = math.prod(spec.dst[:-1])
+    nrows = spec.mb * rows_dst
+    geo = np.array((g, cg, ogp, wp, wout, spec.kernel[-1], spec.strides[-1], spec.dilations[-1],
+                    rows_dst, rows_src, nrows), dtype=np.int64)
+    row_bytes = 4 * (wout * g * ogp + wp * spec.ic)
+    chunk_rows = max(1, min(nrows, ROW_CHUNK_BYTES // row_bytes))
+    blk = _scratch("blocked_w", (g * t * cg * ogp,), np.float32)
+    tiles = g * -(-ogp // obw) * t * -(-cg // r_max)
+    addr = _ukernel.compiled().address
+    dst_o, src_o, k_o, s_o, d_o, pb_o = _geometry(spec)
+    run_each(lambda b: jit.weight_tiles(xcl.reshape(-1), dycl.reshape(-1), blk, geo, dst_o, src_o, k_o, s_o, d_o,
+                                        pb_o, b[0], b[1], addr, r_max, lanes, obw, chunk_rows),
+             _cuts(tiles, workers), workers)
+    dw = np.empty((spec.oc, cg, t), dtype=np.float32)
+    nblk = g * -(-ogp // obw)
+    parts = workers if blk.size >= PARALLEL_COPY else 1
+    run_each(lambda b: jit.weights_from_blocks(blk, dw, g, og, cg, ogp, obw, b[0], b[1]), _cuts(nblk, parts), parts)
+    return dw.reshape(spec.weights_shape)

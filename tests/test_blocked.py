@@ -1,0 +1,276 @@
+"""The channels-last register-blocked kernel (``algorithm="blocked"``, kernels/blocked.py and
+the llvmlite micro-kernels of kernels/_ukernel.py): against the float64 reference and
+PyTorch, on every remainder of its register tile, with chunked reductions, both vector
+widths, bitwise across threads, and its dispatch rule and errors."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import convgrad as cg
+from convgrad import dispatch
+from convgrad.kernels import _ukernel, blocked
+from convgrad.kernels import reference as ref
+from convgrad.spec import make_spec
+
+from .helpers import Tally, feasible, rel_err
+from .helpers import spec_inputs as _inputs
+from .helpers import spec_kwargs as _kw
+
+needs_blocked = pytest.mark.skipif(not blocked.available(), reason=f"blocked: {blocked.unavailable_reason()}")
+TALLY = Tally("blocked kernel vs float64 reference")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _report(request):
+    yield
+    TALLY.report(request)
+
+
+def _spec(n, ic, oc, g, src, k, s, d, pb, pe):
+    return make_spec("test", mb=n, ic=ic, oc=oc, groups=g, src=src, kernel=k, strides=s, dilations=d,
+                     pads_begin=pb, pads_end=pe)
+
+
+def _run(spec, x, w, dy, **extra):
+    """fwd, bwd_weights and (where the kernel runs it: stride 1) bwd_data."""
+    out = {"fwd": cg.conv_forward(x, w, **_kw(spec), **extra),
+           "bwd_weights": cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), **extra)}
+    if blocked.eligible(spec, "bwd_data"):
+        out["bwd_data"] = cg.conv_backward_data(dy, w, spec.src, **_kw(spec), **extra)
+    return out
+
+
+def _check(spec, rng, dtype=np.float32, tag=""):
+    x, w, dy = _inputs(spec, rng, dtype)
+    got = _run(spec, x, w, dy, algorithm="blocked")
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    want = {"fwd": ref.conv_forward(spec, x64, w64), "bwd_weights": ref.conv_backward_weights(spec, x64, dy64),
+            "bwd_data": ref.conv_backward_data(spec, dy64, w64)}
+    t = int(np.prod(spec.kernel))
+    reduction = {"fwd": spec.icg * t, "bwd_weights": spec.mb * int(np.prod(spec.dst)), "bwd_data": spec.ocg * t}
+    for name, a in got.items():
+        assert a.dtype == dtype and a.shape == want[name].shape, (name, str(spec))
+        err = rel_err(a, want[name])
+        # float32: rounding grows with the reduction length; half types: one rounding of
+        # each input and of the result
+        tol = 2e-6 * np.sqrt(reduction[name]) if dtype == np.float32 else 1e-2
+        TALLY.record((name, np.dtype(dtype).name, f"{spec.nsp}-D", tag), err)
+        assert err <= tol, (name, str(spec), err)
+    return got
+
+
+def _random_spec(rng, nsp, wide=False):
+    while True:
+        src = tuple(int(v) for v in rng.integers(1, 12, nsp))
+        k = tuple(int(v) for v in rng.integers(1, 5, nsp))
+        s = tuple(int(v) for v in rng.integers(1, 4, nsp))
+        d = tuple(int(v) for v in rng.integers(1, 3, nsp))
+        pb = tuple(int(v) for v in rng.integers(0, 3, nsp))
+        pe = tuple(int(v) for v in rng.integers(0, 3, nsp))
+        if nsp > 1 and len(set(k)) == 1:                     # non-square kernels only
+            continue
+        g = int(rng.integers(1, 4))
+        icg = int(rng.integers(1, 9))
+        # output channels around the vector lanes (16) and the 64-channel register tile
+        ocg = int(rng.choice([1, 3, 15, 16, 17, 33, 64, 65, 70] if wide else [1, 2, 5, 7, 9]))
+        if icg == ocg:                                       # C_in != C_out
+            continue
+        if rng.random() < 0.4:                               # the data gradient: stride 1
+            s = (1,) * nsp
+        if feasible(src, k, d, pb, pe):
+            return _spec(int(rng.choice([1, 2, 3])), icg * g, ocg * g, g, src, k, s, d, pb, pe)
+
+
+@needs_blocked
+@pytest.mark.parametrize("nsp", [1, 2, 3])
+@pytest.mark.parametrize("wide", [False, True])
+def test_blocked_matches_reference_random(nsp, wide):
+    """Random problems: strides, dilations, asymmetric pads, groups, non-square kernels,
+    channel counts on both sides of the lanes and of the register tile."""
+    rng = np.random.default_rng(700 + 10 * nsp + wide)
+    for _ in range(10):
+        _check(_random_spec(rng, nsp, wide), rng, tag="random")
+
+
+@needs_blocked
+@pytest.mark.parametrize("extra", [0, 1, 2, 3, 4, 5])
+def test_blocked_every_tile_remainder(extra):
+    """Output rows of every length around the register tile (R_MAX positions; rows are cut
+    into near-equal tiles), and every remainder of the forward size formula with stride 3."""
+    rng = np.random.default_rng(40 + extra)
+    for base in (1, 6, 12, 13):
+        w_in = base + extra
+        _check(_spec(2, 5, 20, 1, (3, w_in), (2, 3), (1, 1), (1, 1), (1, 0), (0, 2)), rng, tag="remainders")
+    for w_in in range(7 + extra, 10 + extra):               # (w_in + pads - 3) % 3 takes every value
+        _check(_spec(2, 4, 18, 1, (w_in,), (3,), (3,), (1,), (1,), (1,)), rng, tag="remainders")
+
+
+@needs_blocked
+def test_blocked_chunked_reductions(monkeypatch):
+    """Input channels cut into chunks (weight blocks bigger than WEIGHT_BLOCK_BYTES) and the
+    weight gradient's rows cut into chunks (ROW_CHUNK_BYTES): the sums run on through the
+    chunks."""
+    monkeypatch.setattr(blocked, "WEIGHT_BLOCK_BYTES", 4 * 9 * 64 * 3)     # 3 input channels a chunk
+    monkeypatch.setattr(blocked, "ROW_CHUNK_BYTES", 1)                     # one row a chunk
+    rng = np.random.default_rng(11)
+    for spec in (_spec(2, 10, 40, 1, (7, 9), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+                 _spec(1, 12, 36, 2, (5, 4, 6), (2, 3, 2), (1, 1, 1), (1, 2, 1), (1, 0, 1), (0, 1, 1))):
+        _check(spec, rng, tag="chunked")
+
+
+@needs_blocked
+def test_blocked_256_bit_build(monkeypatch):
+    """The AVX2 build (8 lanes, 4 x 3 register tile) computes the same results; compiled here
+    for this CPU's AVX2 subset."""
+    host = _ukernel._features()
+    narrow = _ukernel.Compiled(host[0], host[1], _ukernel.LANES_AVX2)
+    assert (narrow.lanes, narrow.r_max, narrow.ob_max) == (8, 4, 3)
+    monkeypatch.setattr(_ukernel, "compiled", lambda: narrow)
+    assert blocked.vector_bits() == 256
+    rng = np.random.default_rng(12)
+    for spec in (_spec(2, 6, 30, 1, (6, 11), (3, 2), (1, 1), (1, 2), (1, 0), (2, 1)),
+                 _spec(1, 8, 12, 2, (4, 5, 7), (2, 2, 3), (1, 2, 1), (1, 1, 1), (0, 1, 1), (1, 0, 0))):
+        _check(spec, rng, tag="256-bit")
+    dispatch._blocked_pays.cache_clear()
+    try:
+        resnet = _spec(4, 64, 64, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+        assert not dispatch.blocked_pays(resnet, "fwd")            # not measured on AVX2 hosts
+    finally:
+        dispatch._blocked_pays.cache_clear()
+
+
+def test_micro_kernel_ir_is_pure_and_complete():
+    """One entry point, one variant per (R, OB) of the tile, for both widths."""
+    for lanes, (r_max, ob_max) in _ukernel.TILES.items():
+        text = _ukernel.module_ir(lanes, r_max, ob_max)
+        assert text == _ukernel.module_ir(lanes, r_max, ob_max)
+        assert text.count("define internal void @uk_") == r_max * ob_max
+        assert f"<{lanes} x float>" in text and "define void @ukernel(" in text
+
+
+@needs_blocked
+@pytest.mark.parametrize("dtype", [np.float16, ml_dtypes.bfloat16])
+def test_blocked_half_types(dtype):
+    """Half types are converted to float32, computed, and rounded once."""
+    rng = np.random.default_rng(13)
+    _check(_spec(2, 6, 34, 2, (5, 9), (3, 2), (1, 1), (1, 2), (1, 1), (1, 0)), rng, dtype, tag="half")
+
+
+@needs_blocked
+def test_blocked_bitwise_across_threads_and_layouts(monkeypatch):
+    """Same bits with 1 or 2 threads (rows and weight tiles are split, never a sum), for
+    Fortran-ordered and strided inputs, and the inputs are left as they were."""
+    monkeypatch.setattr(blocked, "PARALLEL_MACS", 0)
+    rng = np.random.default_rng(14)
+    spec = _spec(3, 24, 40, 2, (13, 17), (3, 2), (1, 1), (1, 2), (1, 0), (2, 1))
+    x, w, dy = _inputs(spec, rng, np.float32)
+    before = [a.copy() for a in (x, w, dy)]
+    try:
+        cg.set_num_threads(1)
+        one = _run(spec, x, w, dy, algorithm="blocked")
+        cg.set_num_threads(2)
+        two = _run(spec, x, w, dy, algorithm="blocked")
+        odd = _run(spec, np.asfortranarray(x), np.repeat(w, 2, axis=0)[::2], np.asfortranarray(dy),
+                   algorithm="blocked")
+    finally:
+        cg.set_num_threads(None)
+    for name in one:
+        assert np.array_equal(one[name], two[name]), name
+        assert np.array_equal(one[name], odd[name]), name
+    for a, b in zip((x, w, dy), before):
+        assert np.array_equal(a, b)
+
+
+@needs_blocked
+def test_blocked_against_pytorch():
+    """PyTorch's CPU convolution (an independent implementation) on layers where the
+    automatic choice is ``blocked``: ResNet 3x3, a strided 3x3, a 5x5, a 3-D layer."""
+    import torch
+    rng = np.random.default_rng(15)
+    cases = (_spec(2, 64, 48, 1, (14, 12), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+             _spec(2, 96, 64, 1, (15, 16), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)),
+             _spec(2, 40, 96, 1, (13, 11), (5, 3), (1, 1), (1, 2), (2, 2), (2, 2)),
+             _spec(1, 32, 64, 1, (9, 8, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)))
+    for spec in cases:
+        for d in dispatch.DIRECTIONS:
+            if blocked.eligible(spec, d):
+                assert cg.choose_algorithm(spec, d) == "blocked", (str(spec), d)
+        x, w, dy = _inputs(spec, rng, np.float32)
+        got = _run(spec, x, w, dy)
+        xt, wt, dyt = (torch.from_numpy(a.astype(np.float64)) for a in (x, w, dy))
+        pads = [p for p in spec.pads_begin]
+        assert spec.pads_begin == spec.pads_end
+        gi, gw, _ = torch.ops.aten.convolution_backward(
+            dyt, xt, wt, None, list(spec.strides), pads, list(spec.dilations), False, [0] * spec.nsp, spec.groups,
+            [True, True, False])
+        fwd = torch.ops.aten.convolution(xt, wt, None, list(spec.strides), pads, list(spec.dilations), False,
+                                         [0] * spec.nsp, spec.groups)
+        want = {"fwd": fwd.numpy(), "bwd_weights": gw.numpy(), "bwd_data": gi.numpy()}
+        for name, a in got.items():
+            err = rel_err(a, want[name])
+            TALLY.record((name, "float32", f"{spec.nsp}-D", "vs torch f64"), err)
+            assert err <= 2e-6 * np.sqrt(spec.icg * np.prod(spec.kernel) * np.prod(spec.dst)), (name, str(spec), err)
+
+
+@needs_blocked
+def test_blocked_dispatch_rule():
+    """``blocked`` is chosen for float32 multi-tap layers with at least 32 lane channels,
+    enough work per copied element and weights not much larger than the activations
+    (measured, dispatch.py); the other kernels keep the rest."""
+    if blocked.vector_bits() < 512:
+        pytest.skip("the automatic choice needs the 512-bit build (this host builds 256-bit kernels)")
+    resnet = _spec(4, 64, 64, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    unet = _spec(1, 32, 64, 1, (19, 22, 22), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
+    strided = _spec(4, 128, 128, 1, (56, 56), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1))
+    for d in dispatch.DIRECTIONS:
+        assert cg.choose_algorithm(resnet, d) == cg.choose_algorithm(unet, d) == "blocked", d
+        assert cg.choose_algorithm(resnet, d, np.float16) == "blocked"        # computed in float32
+        assert cg.choose_algorithm(resnet, d, np.float64) != "blocked"
+        assert cg.choose_algorithm(resnet, d, direct=False) in ("taps", "im2col")
+    assert cg.choose_algorithm(strided, "fwd") == cg.choose_algorithm(strided, "bwd_weights") == "blocked"
+    assert cg.choose_algorithm(strided, "bwd_data") != "blocked"                # stride 2: not eligible
+    pointwise = _spec(8, 64, 64, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    narrow = _spec(4, 16, 16, 1, (64, 64), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))          # 16 lanes
+    vgg = _spec(2, 3, 64, 1, (224, 224), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))            # 26 macs per element
+    heavy = _spec(1, 256, 512, 1, (6, 7, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))   # weights 28x
+    for d in dispatch.DIRECTIONS:
+        for spec in (pointwise, narrow, vgg, heavy):
+            assert not dispatch.blocked_pays(spec, d), (str(spec), d)
+    vgg2 = _spec(2, 64, 64, 1, (224, 224), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))       # 288 per element
+    assert dispatch.blocked_pays(vgg2, "fwd")
+    with pytest.raises(cg.ConvValueError, match="direction must be one of"):
+        dispatch.blocked_pays(resnet, "bwd")
+
+
+@needs_blocked
+def test_blocked_workspace_cap():
+    """The automatic choice falls back to the GEMM lowerings when the copies do not fit the
+    cap; an explicit ``blocked`` reports it."""
+    rng = np.random.default_rng(16)
+    spec = _spec(2, 64, 64, 1, (20, 20), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    x, w, dy = _inputs(spec, rng, np.float32)
+    cap = 500_000
+    assert not blocked.fits(spec, "fwd", np.float32, cap)
+    small = cg.conv_forward(x, w, **_kw(spec), workspace_limit=cap)
+    assert rel_err(small, ref.conv_forward(spec, x.astype(np.float64), w.astype(np.float64))) < 1e-5
+    with pytest.raises(cg.WorkspaceError, match=r"fwd: the workspace limit \(500000 bytes\) is too small"):
+        cg.conv_forward(x, w, **_kw(spec), algorithm="blocked", workspace_limit=cap)
+
+
+def test_blocked_errors(monkeypatch):
+    """Explicit ``blocked`` where it cannot run: a strided data gradient, float64, no
+    kernel on this host. Each error names the op and what was expected and given."""
+    spec = _spec(1, 4, 32, 1, (9, 9), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1))
+    rng = np.random.default_rng(17)
+    x, w, dy = _inputs(spec, rng, np.float32)
+    with pytest.raises(cg.ConvValueError, match=r"conv_backward_data: algorithm 'blocked' expects .* stride 1"):
+        cg.conv_backward_data(dy, w, spec.src, **_kw(spec), algorithm="blocked")
+    with pytest.raises(cg.ConvValueError, match=r"conv_forward: algorithm 'blocked' computes in float32 .* float64"):
+        cg.conv_forward(x.astype(np.float64), w.astype(np.float64), **_kw(spec), algorithm="blocked")
+    monkeypatch.setattr(blocked, "available", lambda: False)
+    with pytest.raises(cg.ConvValueError, match=r"conv_backward_weights: algorithm 'blocked' expects numba"):
+        cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="blocked")
+    assert "blocked" in cg.ALGORITHMS
