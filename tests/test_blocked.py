@@ -109,6 +109,29 @@ def test_blocked_every_tile_remainder(extra):
 
 
 @needs_blocked
+def test_blocked_pointwise_on_the_ncx_arrays(monkeypatch):
+    """1x1 forwards and data gradients run on the NCX arrays, positions in the lanes: image
+    sizes around the 64-position tile and the lanes (masked last vector), groups, blocks of
+    positions that end inside an image, and 1 or 2 threads with the same bits."""
+    rng = np.random.default_rng(10)
+    monkeypatch.setattr(blocked, "POINTWISE_BLOCK_BYTES", 4 * 70 * 64)      # 64-position blocks
+    monkeypatch.setattr(blocked, "PARALLEL_MACS", 0)
+    for spec in (_spec(2, 6, 20, 1, (13, 11), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
+                 _spec(3, 12, 21, 3, (130,), (1,), (1,), (1,), (0,), (0,)),
+                 _spec(1, 70, 9, 1, (4, 8, 5), (1, 1, 1), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)),
+                 _spec(2, 5, 7, 1, (1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))):
+        got = _check(spec, rng, tag="pointwise")
+        cg.set_num_threads(1)
+        try:
+            one = _run(spec, *_inputs(spec, np.random.default_rng(1), np.float32), algorithm="blocked")
+        finally:
+            cg.set_num_threads(None)
+        two = _run(spec, *_inputs(spec, np.random.default_rng(1), np.float32), algorithm="blocked")
+        for name in ("fwd", "bwd_data"):
+            assert got[name].shape == one[name].shape and np.array_equal(one[name], two[name]), name
+
+
+@needs_blocked
 def test_blocked_chunked_reductions(monkeypatch):
     """Input channels cut into chunks (weight blocks bigger than WEIGHT_BLOCK_BYTES) and the
     weight gradient's rows cut into chunks (ROW_CHUNK_BYTES): the sums run on through the
@@ -193,10 +216,11 @@ def test_blocked_against_pytorch():
     cases = (_spec(2, 64, 48, 1, (14, 12), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
              _spec(2, 96, 64, 1, (15, 16), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1)),
              _spec(2, 40, 96, 1, (13, 11), (5, 3), (1, 1), (1, 2), (2, 2), (2, 2)),
-             _spec(1, 32, 64, 1, (9, 8, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)))
+             _spec(1, 32, 64, 1, (9, 8, 10), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)),
+             _spec(2, 64, 80, 1, (50, 45), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)))
     for spec in cases:
         for d in dispatch.DIRECTIONS:
-            if blocked.eligible(spec, d):
+            if dispatch.blocked_pays(spec, d) or (blocked.eligible(spec, d) and max(spec.kernel) > 1):
                 assert cg.choose_algorithm(spec, d) == "blocked", (str(spec), d)
         x, w, dy = _inputs(spec, rng, np.float32)
         got = _run(spec, x, w, dy)
@@ -233,12 +257,17 @@ def test_blocked_dispatch_rule():
     assert cg.choose_algorithm(strided, "fwd") == cg.choose_algorithm(strided, "bwd_weights") == "blocked"
     assert cg.choose_algorithm(strided, "bwd_data") != "blocked"                # stride 2: not eligible
     pointwise = _spec(8, 64, 64, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    assert cg.choose_algorithm(pointwise, "fwd") == cg.choose_algorithm(pointwise, "bwd_data") == "blocked"
+    small_pointwise = _spec(8, 512, 512, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))   # weights per image
+    few_rows = _spec(8, 32, 64, 1, (112, 112), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))       # 32 broadcast rows
+    assert dispatch.blocked_pays(few_rows, "fwd") and not dispatch.blocked_pays(few_rows, "bwd_data")
     narrow = _spec(4, 16, 16, 1, (64, 64), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))          # 16 lanes
     vgg = _spec(2, 3, 64, 1, (224, 224), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))            # 26 macs per element
     heavy = _spec(1, 256, 512, 1, (6, 7, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))   # weights 28x
     for d in dispatch.DIRECTIONS:
-        for spec in (pointwise, narrow, vgg, heavy):
+        for spec in (small_pointwise, narrow, vgg, heavy):
             assert not dispatch.blocked_pays(spec, d), (str(spec), d)
+    assert not dispatch.blocked_pays(pointwise, "bwd_weights")
     vgg2 = _spec(2, 64, 64, 1, (224, 224), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))       # 288 per element
     assert dispatch.blocked_pays(vgg2, "fwd")
     with pytest.raises(cg.ConvValueError, match="direction must be one of"):

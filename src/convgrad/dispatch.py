@@ -324,9 +324,15 @@ def thin_pays(spec: ConvSpec, direction: str) -> bool:
 # ``blocked`` (channels-last copies + a register-blocked micro-kernel) is chosen for float32
 # problems where (measured in-process on the AVX-512 host, 2 threads, ms, blocked / the
 # previous choice; fwd, bwd_data, bwd_weights):
-#  - the kernel has more than one tap (a 1x1 layer is one GEMM that BLAS runs on the NCX
-#    arrays in place, while here both layout copies are full passes over memory:
-#    resnet_50 res2a_branch2a 23.8 / 7.0, 18.1 / 6.4, 18.6 / 7.9);
+#  - the kernel has more than one tap (through layout copies a 1x1 layer ran 23.8 / 7.0,
+#    18.1 / 6.4, 18.6 / 7.9 on resnet_50 res2a_branch2a), or it is a 1x1 forward or data
+#    gradient (``pointwise_spec``; run on the NCX arrays, no copies, positions in the lanes)
+#    on images of at least BLOCKED_POINTWISE_MIN_POSITIONS positions with at least
+#    BLOCKED_POINTWISE_MIN_ROWS output channels per group (broadcast rows): 56^2 layers
+#    res2a_branch2a (64 -> 64) 5.7 / 7.2, 4.8 / 6.8; 256 -> 64 4.9 / 6.4, 4.1 / 5.9;
+#    64 -> 256 4.0 / 5.3, 4.3 / 5.3; mobilenet conv2 (112^2, 32 -> 64) fwd 10.3 / 13.6, but
+#    its data gradient (32 rows) 9.3 / 8.3; 28^2 ties or loses (128 -> 512 4.1 / 4.1,
+#    4.3 / 3.9), 7^2 loses (1024 -> 1024 6.0 / 3.9: the weights are read once per image);
 #  - the output channels the vector lanes hold (forward and weight gradient: C_out per
 #    group; data gradient: C_in per group) number at least BLOCKED_MIN_LANE_CHANNELS (16
 #    channels fill a quarter of a 64-channel register tile: 16 ch 3x3 128^2 2.43 / 2.24,
@@ -349,6 +355,8 @@ def thin_pays(spec: ConvSpec, direction: str) -> bool:
 # conv_2 (32 -> 64) 2.9 / 5.0, 3.6 / 6.1, 3.8 / 6.4; conv_5 (128 ch 11^3) 3.3 / 3.9, 3.6 /
 # 4.4, 2.8 / 4.0; 48 ch 3x3 56^2 2.4 / 3.4, 2.4 / 3.4, 2.7 / 3.6.
 BLOCKED_MIN_LANE_CHANNELS = 32
+BLOCKED_POINTWISE_MIN_POSITIONS = 2048
+BLOCKED_POINTWISE_MIN_ROWS = 64
 BLOCKED_MIN_INTENSITY = 100
 BLOCKED_MAX_WEIGHT_RATIO = {"fwd": 4, "bwd_data": 12, "bwd_weights": 4}
 
@@ -362,10 +370,12 @@ def blocked_pays(spec: ConvSpec, direction: str) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
-    if _prod(spec.kernel) == 1 or spec.icg < 2 or not blocked.eligible(spec, direction):
+    if spec.icg < 2 or not blocked.eligible(spec, direction) or blocked.vector_bits() < 512:
         return False
-    if blocked.vector_bits() < 512:
-        return False
+    if _prod(spec.kernel) == 1:
+        rows = spec.icg if direction == "bwd_data" else spec.ocg
+        return (direction != "bwd_weights" and pointwise_spec(spec) and _prod(spec.src) >= BLOCKED_POINTWISE_MIN_POSITIONS
+                and rows >= BLOCKED_POINTWISE_MIN_ROWS)
     lanes = spec.icg if direction == "bwd_data" else spec.ocg
     if lanes < BLOCKED_MIN_LANE_CHANNELS:
         return False

@@ -20,11 +20,11 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 JIT = dict(nogil=True, cache=True)
-NARGS = 14      # R, OB + the micro-kernel's 12 arguments
+NARGS = 15      # R, OB + the micro-kernel's 13 arguments
 
 
 @intrinsic
-def _ukernel(typingctx, addr, R, OB, a, b, y, aoff, boff, ntaps, K, a_rs, a_ks, b_ks, y_rs, acc):
+def _ukernel(typingctx, addr, R, OB, a, b, y, aoff, boff, ntaps, K, a_rs, a_ks, b_ks, y_rs, acc, tail):
     sig = types.void(*([types.int64] * (NARGS + 1)))
 
     def codegen(context, builder, signature, args):
@@ -210,7 +210,7 @@ def forward_rows(xcl, wblk, ycl, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, r0, r1,
                         _ukernel(addr, R, OB, xa + 4 * (w0 * sw * C), wa, ya + 4 * ((r * Wout + w0) * groups * ogp
                                                                                     + g * ogp + ob0),
                                  aoff.ctypes.data, boff.ctypes.data, ntaps, cn, sw * C, 1, wbw, groups * ogp,
-                                 1 if cb0 > 0 else 0)
+                                 1 if cb0 > 0 else 0, lanes)
                         w0 += R
 
 
@@ -265,4 +265,34 @@ def weight_tiles(xcl, dycl, blk, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, i0, i1,
                 listed = t
             y = ba + 4 * (g * T * cg * ogp + ob0 * T * cg + (t * cg + c0) * wbw)
             _ukernel(addr, R, wbw // lanes, xa + 4 * (g * cg + c0), da + 4 * (g * ogp + ob0), y, aoff.ctypes.data,
-                     boff.ctypes.data, n, Wout, 1, sw * C, groups * ogp, wbw, 1 if q0 > 0 else 0)
+                     boff.ctypes.data, n, Wout, 1, sw * C, groups * ogp, wbw, 1 if q0 > 0 else 0, lanes)
+
+
+@njit(**JIT)
+def pointwise_items(a, b, y, geo, i0, i1, addr, r_max, lanes, ob_max):
+    """Items ``i0 .. i1`` of a 1x1 convolution on the NCX arrays themselves (no copies):
+    ``y[n, g, m, p] = sum_k a[g, m, k] * b[n, g, k, p]`` with positions ``p`` in the vector
+    lanes, ``m`` broadcast (``a[m*a_rs + k*a_ks]``). Item: (image, block of ``pblk``
+    positions); per item every tile of ``R`` rows ``m`` x ``OB`` vectors of positions (the
+    last vector masked) sums all ``K`` terms in registers."""
+    groups, M, K, a_rs, a_ks, a_gs, b_img, b_gs, y_img, y_gs, HW, pblk = (
+        geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8], geo[9], geo[10], geo[11])
+    offs = np.zeros(1, np.int64)
+    nblk = (HW + pblk - 1) // pblk
+    step = ob_max * lanes
+    aa = a.ctypes.data
+    ba = b.ctypes.data
+    ya = y.ctypes.data
+    for i in range(i0, i1):
+        n = i // nblk
+        pb0 = (i % nblk) * pblk
+        pb1 = min(HW, pb0 + pblk)
+        for g in range(groups):
+            for m0 in range(0, M, r_max):
+                R = min(r_max, M - m0)
+                for p0 in range(pb0, pb1, step):
+                    cnt = min(step, pb1 - p0)
+                    OB = (cnt + lanes - 1) // lanes
+                    _ukernel(addr, R, OB, aa + 4 * (g * a_gs + m0 * a_rs), ba + 4 * (n * b_img + g * b_gs + p0),
+                             ya + 4 * (n * y_img + g * y_gs + m0 * HW + p0), offs.ctypes.data, offs.ctypes.data, 1, K,
+                             a_rs, a_ks, HW, HW, 0, cnt - (OB - 1) * lanes)

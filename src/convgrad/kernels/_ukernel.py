@@ -9,7 +9,9 @@ and AVX2 hosts 256-bit ones)::
                  for t in 0..ntaps-1, then k in 0..K-1 (in that order)
     y[r*y_rs + V*j .. +V] = acc[r][j]
 
-for r < R and j < OB: an ``R x (OB*V)`` tile of float32 accumulators that stays in vector
+for r < R and j < OB, where the last vector (``j = OB - 1``) holds only its first ``tail``
+lanes (``1 <= tail <= V``: masked loads and stores, nothing read or written past them):
+an ``R x (OB*V)`` tile of float32 accumulators that stays in vector
 registers for the whole reduction, each term one fused multiply-add of a broadcast ``a``
 element by a vector of ``b``. The same function is the inner loop of the forward
 convolution on channels-last data (``r`` positions, ``k`` input channels, ``t`` the taps
@@ -36,7 +38,7 @@ LANES_AVX2 = 8
 # (R_MAX, OB_MAX): R*OB accumulators + OB loaded vectors + 1 broadcast must fit the 32
 # (AVX-512) or 16 (AVX2) vector registers: 6 x 4 + 4 + 1 = 29, 4 x 3 + 3 + 1 = 16.
 TILES = {LANES_AVX512: (6, 4), LANES_AVX2: (4, 3)}
-NARGS = 12      # a, b, y, aoff, boff, ntaps, K, a_rs, a_ks, b_ks, y_rs, acc
+NARGS = 13      # a, b, y, aoff, boff, ntaps, K, a_rs, a_ks, b_ks, y_rs, acc, tail
 
 
 def _features() -> tuple[str, str, int] | None:
@@ -65,9 +67,23 @@ def _variant_ir(name: str, R: int, OB: int, V: int) -> str:
     vt = f"<{V} x float>"
     L: list[str] = []
     a = L.append
+    last = OB - 1
+
+    def load(dst: str, ptr: str, j: int) -> None:
+        if j == last:
+            a(f"  {dst} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr {ptr}, i32 4, <{V} x i1> %mask, "
+              f"{vt} zeroinitializer)")
+        else:
+            a(f"  {dst} = load {vt}, ptr {ptr}, align 4")
+
     a(f"define internal void @{name}(i64 %aa, i64 %ba, i64 %ya, i64 %aoffa, i64 %boffa, i64 %ntaps, i64 %K, "
-      f"i64 %a_rs, i64 %a_ks, i64 %b_ks, i64 %y_rs, i64 %accf) #0 {{")
+      f"i64 %a_rs, i64 %a_ks, i64 %b_ks, i64 %y_rs, i64 %accf, i64 %tail) #0 {{")
     a("entry:")
+    a("  %tail32 = trunc i64 %tail to i32")
+    a(f"  %tailv.0 = insertelement <{V} x i32> poison, i32 %tail32, i64 0")
+    a(f"  %tailv = shufflevector <{V} x i32> %tailv.0, <{V} x i32> poison, <{V} x i32> zeroinitializer")
+    lanes = ", ".join(f"i32 {i}" for i in range(V))
+    a(f"  %mask = icmp slt <{V} x i32> <{lanes}>, %tailv")
     for v in ("a", "b", "y", "aoff", "boff"):
         a(f"  %{v} = inttoptr i64 %{v}a to ptr")
     for r in range(R):
@@ -81,7 +97,7 @@ def _variant_ir(name: str, R: int, OB: int, V: int) -> str:
     a("load:")
     for r in range(R):
         for j in range(OB):
-            a(f"  %l{r}_{j} = load {vt}, ptr %yp{r}_{j}, align 4")
+            load(f"%l{r}_{j}", f"%yp{r}_{j}", j)
     a("  br label %init")
     a("init:")
     for r in range(R):
@@ -112,7 +128,7 @@ def _variant_ir(name: str, R: int, OB: int, V: int) -> str:
     for j in range(OB):
         a(f"  %bo{j} = add i64 %bk, {j * V}")
         a(f"  %bp{j} = getelementptr float, ptr %bb, i64 %bo{j}")
-        a(f"  %bv{j} = load {vt}, ptr %bp{j}, align 4")
+        load(f"%bv{j}", f"%bp{j}", j)
     a("  %ak = mul i64 %k, %a_ks")
     for r in range(R):
         a(f"  %ai{r} = add i64 %ak, %ar{r}")
@@ -135,7 +151,10 @@ def _variant_ir(name: str, R: int, OB: int, V: int) -> str:
             a(f"  %f{r}_{j} = phi {vt} [%i{r}_{j}, %init], [%n{r}_{j}, %kdone]")
     for r in range(R):
         for j in range(OB):
-            a(f"  store {vt} %f{r}_{j}, ptr %yp{r}_{j}, align 4")
+            if j == last:
+                a(f"  call void @llvm.masked.store.v{V}f32.p0({vt} %f{r}_{j}, ptr %yp{r}_{j}, i32 4, <{V} x i1> %mask)")
+            else:
+                a(f"  store {vt} %f{r}_{j}, ptr %yp{r}_{j}, align 4")
     a("  ret void")
     a("}")
     return "\n".join(L)
@@ -144,7 +163,10 @@ def _variant_ir(name: str, R: int, OB: int, V: int) -> str:
 def module_ir(V: int, r_max: int, ob_max: int) -> str:
     """The IR of every variant and of the ``ukernel(R, OB, ...)`` entry point (pure)."""
     args = ", ".join(f"i64 %x{i}" for i in range(NARGS))
-    parts = [f"declare <{V} x float> @llvm.fma.v{V}f32(<{V} x float>, <{V} x float>, <{V} x float>)"]
+    vt = f"<{V} x float>"
+    parts = [f"declare {vt} @llvm.fma.v{V}f32({vt}, {vt}, {vt})\n"
+             f"declare {vt} @llvm.masked.load.v{V}f32.p0(ptr, i32, <{V} x i1>, {vt})\n"
+             f"declare void @llvm.masked.store.v{V}f32.p0({vt}, ptr, i32, <{V} x i1>)"]
     parts += [_variant_ir(f"uk_{R}_{OB}", R, OB, V) for R in range(1, r_max + 1) for OB in range(1, ob_max + 1)]
     entry = [f"define void @ukernel(i64 %R, i64 %OB, {args}) #0 {{", "entry:",
              "  %hi = mul i64 %R, 64", "  %key = add i64 %hi, %OB", "  switch i64 %key, label %done ["]

@@ -54,7 +54,7 @@ from .. import threads
 from ..errors import WorkspaceError
 from ..spec import ConvSpec
 from . import _ukernel, depthwise
-from .gemm import _scratch, flipped_spec, run_each
+from .gemm import _scratch, flipped_spec, pointwise_spec, run_each
 
 # Bytes of one block of weights (taps x a chunk of input channels x 64 output channels)
 # that the forward keeps in the L2 cache while the rows stream past it. The input channels
@@ -67,6 +67,10 @@ ROW_CHUNK_BYTES = 1024 * 1024
 PARALLEL_MACS = 3 << 19
 # Copies of at least this many elements run on the pool.
 PARALLEL_COPY = 1 << 16
+# 1x1 convolutions (``pointwise_spec``) run on the NCX arrays in place, vectors along the
+# positions: blocks of positions whose rows of every reduced channel fill at most this
+# many bytes (they are read once from memory and then from cache by every row tile).
+POINTWISE_BLOCK_BYTES = 512 * 1024
 # The layout copies move every channel's rows in runs of at least this many elements
 # (whole rows of one image), so that each read (or write) of the channel-major side is
 # one sequential stream.
@@ -144,7 +148,10 @@ def _workspace(spec: ConvSpec, direction: str) -> int:
 
 
 def fits(spec: ConvSpec, direction: str, dtype, workspace_limit: int) -> bool:
-    """Whether the copies fit in the cap (the automatic choice falls back otherwise)."""
+    """Whether the copies fit in the cap (the automatic choice falls back otherwise; 1x1
+    forwards and data gradients make none)."""
+    if direction != "bwd_weights" and pointwise_spec(spec):
+        return True
     return _workspace(spec, direction) <= workspace_limit
 
 
@@ -239,12 +246,50 @@ def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspac
     return _from_channels_last(ycl, fspec.dst_shape, g, og, ogp, workers)
 
 
+def _pointwise(spec: ConvSpec, a: np.ndarray, b: np.ndarray, transposed: bool, workspace_limit: int,
+               direction: str) -> np.ndarray:
+    """A 1x1 convolution as products on the NCX arrays: the forward (``a`` the weights
+    (G*M, K) read row by row, ``b`` the input) or, ``transposed``, the data gradient (``a``
+    the weights (G*K, M) read column by column, ``b`` diff_dst)::
+
+        y[n, g*M + m, p] = sum_k A_g[m, k] * b[n, g*K + k, p]
+
+    Positions are the vector lanes; no copy is made (the converted inputs are the only
+    workspace)."""
+    need = 4 * ((a.size if a.dtype != np.float32 else 0) + (b.size if b.dtype != np.float32 else 0))
+    if need > workspace_limit:
+        raise WorkspaceError(
+            f"{direction}: the workspace limit ({workspace_limit} bytes) is too small for the converted inputs "
+            f"of problem {spec} ({need} bytes); raise it with convgrad.set_workspace_limit()")
+    jit = _jit()
+    lanes, r_max, obw = _lanes()
+    g = spec.groups
+    m, k = (spec.icg, spec.ocg) if transposed else (spec.ocg, spec.icg)
+    hw = math.prod(spec.src)
+    a, b = _f32(a), _f32(b)
+    y = np.empty((spec.mb, g * m) + spec.src, dtype=np.float32)
+    pblk = max(obw, min(16 * obw, POINTWISE_BLOCK_BYTES // (4 * k) // obw * obw))
+    # A_g[m, k] = W[g*K + k, m] (transposed: m along a row) or W[g*M + m, k]
+    a_rs, a_ks, a_gs = (1, m, k * m) if transposed else (k, 1, m * k)
+    geo = np.array((g, m, k, a_rs, a_ks, a_gs, g * k * hw, k * hw, g * m * hw, m * hw, hw, pblk), dtype=np.int64)
+    items = spec.mb * -(-hw // pblk)
+    workers = _workers(spec)
+    c = _ukernel.compiled()
+    run_each(lambda r: jit.pointwise_items(a.reshape(-1), b.reshape(-1), y.reshape(-1), geo, r[0], r[1], c.address,
+                                           r_max, lanes, c.ob_max), _cuts(items, workers), workers)
+    return y
+
+
 def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype, workspace_limit: int) -> np.ndarray:
+    if pointwise_spec(spec):
+        return _pointwise(spec, weights, src, False, workspace_limit, "fwd")
     return _forward(spec, src, weights, False, workspace_limit, "fwd")
 
 
 def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, *, dtype,
                        workspace_limit: int) -> np.ndarray:
+    if pointwise_spec(spec):
+        return _pointwise(spec, weights, diff_dst, True, workspace_limit, "bwd_data")
     fspec = flipped_spec(spec)
     return _forward(fspec, diff_dst, weights, True, workspace_limit, "bwd_data")
 
