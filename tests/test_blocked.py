@@ -110,9 +110,11 @@ def test_blocked_every_tile_remainder(extra):
 
 @needs_blocked
 def test_blocked_pointwise_on_the_ncx_arrays(monkeypatch):
-    """1x1 forwards and data gradients run on the NCX arrays, positions in the lanes: image
-    sizes around the 64-position tile and the lanes (masked last vector), groups, blocks of
-    positions that end inside an image, and 1 or 2 threads with the same bits."""
+    """1x1 layers run on the NCX arrays, positions in the lanes (forward and data gradient:
+    weights broadcast; weight gradient: sums along the lanes): image sizes around the
+    64-position tile and the lanes (masked last vector), groups, tiles of fewer channels than
+    the register tile, blocks of positions that end inside an image, 1 or 2 threads with
+    the same bits."""
     rng = np.random.default_rng(10)
     monkeypatch.setattr(blocked, "POINTWISE_BLOCK_BYTES", 4 * 70 * 64)      # 64-position blocks
     monkeypatch.setattr(blocked, "PARALLEL_MACS", 0)
@@ -127,7 +129,7 @@ def test_blocked_pointwise_on_the_ncx_arrays(monkeypatch):
         finally:
             cg.set_num_threads(None)
         two = _run(spec, *_inputs(spec, np.random.default_rng(1), np.float32), algorithm="blocked")
-        for name in ("fwd", "bwd_data"):
+        for name in ("fwd", "bwd_data", "bwd_weights"):
             assert got[name].shape == one[name].shape and np.array_equal(one[name], two[name]), name
 
 
@@ -155,7 +157,8 @@ def test_blocked_256_bit_build(monkeypatch):
     assert blocked.vector_bits() == 256
     rng = np.random.default_rng(12)
     for spec in (_spec(2, 6, 30, 1, (6, 11), (3, 2), (1, 1), (1, 2), (1, 0), (2, 1)),
-                 _spec(1, 8, 12, 2, (4, 5, 7), (2, 2, 3), (1, 2, 1), (1, 1, 1), (0, 1, 1), (1, 0, 0))):
+                 _spec(1, 8, 12, 2, (4, 5, 7), (2, 2, 3), (1, 2, 1), (1, 1, 1), (0, 1, 1), (1, 0, 0)),
+                 _spec(2, 10, 14, 2, (13, 11), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))):       # 1x1: lanes of positions
         _check(spec, rng, tag="256-bit")
     dispatch._blocked_pays.cache_clear()
     try:
@@ -172,6 +175,8 @@ def test_micro_kernel_ir_is_pure_and_complete():
         assert text == _ukernel.module_ir(lanes, r_max, ob_max)
         assert text.count("define internal void @uk_") == r_max * ob_max
         assert f"<{lanes} x float>" in text and "define void @ukernel(" in text
+        dr, dj = _ukernel.DOT_TILES[lanes]
+        assert text.count("define internal void @dk_") == dr * dj and "define void @dotkernel(" in text
 
 
 @needs_blocked
@@ -267,7 +272,9 @@ def test_blocked_dispatch_rule():
     for d in dispatch.DIRECTIONS:
         for spec in (small_pointwise, narrow, vgg, heavy):
             assert not dispatch.blocked_pays(spec, d), (str(spec), d)
-    assert not dispatch.blocked_pays(pointwise, "bwd_weights")
+    assert dispatch.blocked_pays(pointwise, "bwd_weights")
+    wide_pointwise = _spec(8, 128, 128, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    assert not dispatch.blocked_pays(wide_pointwise, "bwd_weights") and dispatch.blocked_pays(wide_pointwise, "fwd")
     vgg2 = _spec(2, 64, 64, 1, (224, 224), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))       # 288 per element
     assert dispatch.blocked_pays(vgg2, "fwd")
     with pytest.raises(cg.ConvValueError, match="direction must be one of"):

@@ -333,6 +333,11 @@ def thin_pays(spec: ConvSpec, direction: str) -> bool:
 #    64 -> 256 4.0 / 5.3, 4.3 / 5.3; mobilenet conv2 (112^2, 32 -> 64) fwd 10.3 / 13.6, but
 #    its data gradient (32 rows) 9.3 / 8.3; 28^2 ties or loses (128 -> 512 4.1 / 4.1,
 #    4.3 / 3.9), 7^2 loses (1024 -> 1024 6.0 / 3.9: the weights are read once per image);
+#    the 1x1 weight gradient (sums along the lanes of both rows, ``dotkernel``) on the same
+#    images with at most BLOCKED_POINTWISE_WEIGHTS_MAX_CHANNELS input + output channels per
+#    group (every tile re-reads its rows from the L2 cache): res2a_branch2a 7.1 / 9.4,
+#    mobilenet conv2 7.7 / 13.9, conv3 (64 -> 128) 5.0 / 6.5, but 128 -> 128 5.7 / 5.2,
+#    64 -> 256 5.0 / 5.2, 256 -> 64 6.4 / 6.2, 512 -> 128 at 28^2 7.2 / 4.6;
 #  - the output channels the vector lanes hold (forward and weight gradient: C_out per
 #    group; data gradient: C_in per group) number at least BLOCKED_MIN_LANE_CHANNELS (16
 #    channels fill a quarter of a 64-channel register tile: 16 ch 3x3 128^2 2.43 / 2.24,
@@ -357,6 +362,7 @@ def thin_pays(spec: ConvSpec, direction: str) -> bool:
 BLOCKED_MIN_LANE_CHANNELS = 32
 BLOCKED_POINTWISE_MIN_POSITIONS = 2048
 BLOCKED_POINTWISE_MIN_ROWS = 64
+BLOCKED_POINTWISE_WEIGHTS_MAX_CHANNELS = 192
 BLOCKED_MIN_INTENSITY = 100
 BLOCKED_MAX_WEIGHT_RATIO = {"fwd": 4, "bwd_data": 12, "bwd_weights": 4}
 
@@ -373,9 +379,11 @@ def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
     if spec.icg < 2 or not blocked.eligible(spec, direction) or blocked.vector_bits() < 512:
         return False
     if _prod(spec.kernel) == 1:
-        rows = spec.icg if direction == "bwd_data" else spec.ocg
-        return (direction != "bwd_weights" and pointwise_spec(spec) and _prod(spec.src) >= BLOCKED_POINTWISE_MIN_POSITIONS
-                and rows >= BLOCKED_POINTWISE_MIN_ROWS)
+        if not pointwise_spec(spec) or _prod(spec.src) < BLOCKED_POINTWISE_MIN_POSITIONS:
+            return False
+        if direction == "bwd_weights":
+            return spec.icg + spec.ocg <= BLOCKED_POINTWISE_WEIGHTS_MAX_CHANNELS
+        return (spec.icg if direction == "bwd_data" else spec.ocg) >= BLOCKED_POINTWISE_MIN_ROWS
     lanes = spec.icg if direction == "bwd_data" else spec.ocg
     if lanes < BLOCKED_MIN_LANE_CHANNELS:
         return False

@@ -296,3 +296,44 @@ def pointwise_items(a, b, y, geo, i0, i1, addr, r_max, lanes, ob_max):
                     _ukernel(addr, R, OB, aa + 4 * (g * a_gs + m0 * a_rs), ba + 4 * (n * b_img + g * b_gs + p0),
                              ya + 4 * (n * y_img + g * y_gs + m0 * HW + p0), offs.ctypes.data, offs.ctypes.data, 1, K,
                              a_rs, a_ks, HW, HW, 0, cnt - (OB - 1) * lanes)
+
+
+@intrinsic
+def _dotkernel(typingctx, addr, R, J, a, b, y, npos, a_rs, b_rs, y_rs):
+    sig = types.void(*([types.int64] * 10))
+
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        fnty = ir.FunctionType(ir.VoidType(), [i64] * 9)
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        builder.call(fn, list(args[1:]))
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@njit(**JIT)
+def pointwise_weight_tiles(dy, x, dw, geo, i0, i1, addr, r_max, j_max):
+    """Tiles ``i0 .. i1`` of a 1x1 weight gradient on the NCX arrays:
+    ``dw[g*og + o, c] += sum_p dy[n, g*og + o, p] * x[n, g*cg + c, p]`` over every image and
+    position, in blocks of ``pblk`` positions (fixed by the problem): per block every tile
+    of ``R`` output x ``J`` input channels sums along the lanes and adds its lane sums into
+    ``dw`` (zero before the first block). A tile is (group, R outputs, J inputs)."""
+    groups, og, cg, HW, N, pblk = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5]
+    nro = (og + r_max - 1) // r_max
+    ncj = (cg + j_max - 1) // j_max
+    da = dy.ctypes.data
+    xa = x.ctypes.data
+    wa = dw.ctypes.data
+    for n in range(N):
+        for p0 in range(0, HW, pblk):
+            npos = min(pblk, HW - p0)
+            for i in range(i0, i1):
+                cj = i % ncj
+                rest = i // ncj
+                o0 = (rest % nro) * r_max
+                g = rest // nro
+                c0 = cj * j_max
+                _dotkernel(addr, min(r_max, og - o0), min(j_max, cg - c0),
+                           da + 4 * ((n * groups * og + g * og + o0) * HW + p0),
+                           xa + 4 * ((n * groups * cg + g * cg + c0) * HW + p0),
+                           wa + 4 * ((g * og + o0) * cg + c0), npos, HW, HW, cg)

@@ -21,6 +21,16 @@ output channels in the lanes). Every element's sum runs over ``t`` then ``k`` in
 each term one FMA: no reassociation, so a result depends only on the order of the term
 lists the drivers build, never on threads or tiles.
 
+A second family sums products along the lanes (both operands vectors of consecutive
+positions, as in the NCX arrays' rows; the 1x1 weight gradient)::
+
+    acc[r][j]  = 0
+    acc[r][j] += a[r*a_rs + k*V .. +V] * b[j*b_rs + k*V .. +V]     for each vector k of
+                 npos positions (the last one masked)
+    y[r*y_rs + j] += sum of acc[r][j]'s lanes (a fixed halving tree)
+
+for r < R and j < J, reached through ``dotkernel(R, J, ...)``.
+
 Variants for every ``1 <= R <= R_MAX`` and ``1 <= OB <= OB_MAX`` are reached through one
 entry point, ``ukernel(R, OB, ...)``, whose address the numba drivers call
 (``_blocked_jit.py``). Arguments are 64-bit integers, addresses included. Compiling all
@@ -38,6 +48,9 @@ LANES_AVX2 = 8
 # (R_MAX, OB_MAX): R*OB accumulators + OB loaded vectors + 1 broadcast must fit the 32
 # (AVX-512) or 16 (AVX2) vector registers: 6 x 4 + 4 + 1 = 29, 4 x 3 + 3 + 1 = 16.
 TILES = {LANES_AVX512: (6, 4), LANES_AVX2: (4, 3)}
+# (R_MAX, J_MAX) of the lane-sum family: R*J accumulators + R loaded vectors + 1.
+DOT_TILES = {LANES_AVX512: (4, 6), LANES_AVX2: (3, 3)}
+DOT_NARGS = 7   # a, b, y, npos, a_rs, b_rs, y_rs
 NARGS = 13      # a, b, y, aoff, boff, ntaps, K, a_rs, a_ks, b_ks, y_rs, acc, tail
 
 
@@ -160,30 +173,126 @@ def _variant_ir(name: str, R: int, OB: int, V: int) -> str:
     return "\n".join(L)
 
 
+def _dot_variant_ir(name: str, R: int, J: int, V: int) -> str:
+    vt = f"<{V} x float>"
+    L: list[str] = []
+    a = L.append
+    acc = [(r, j) for r in range(R) for j in range(J)]
+    a(f"define internal void @{name}(i64 %aa, i64 %ba, i64 %ya, i64 %npos, i64 %a_rs, i64 %b_rs, i64 %y_rs) #0 {{")
+    a("entry:")
+    for v in ("a", "b", "y"):
+        a(f"  %{v} = inttoptr i64 %{v}a to ptr")
+    a(f"  %full = sdiv i64 %npos, {V}")
+    a(f"  %tail = srem i64 %npos, {V}")
+    a("  %tail32 = trunc i64 %tail to i32")
+    a(f"  %tailv.0 = insertelement <{V} x i32> poison, i32 %tail32, i64 0")
+    a(f"  %tailv = shufflevector <{V} x i32> %tailv.0, <{V} x i32> poison, <{V} x i32> zeroinitializer")
+    lanes = ", ".join(f"i32 {i}" for i in range(V))
+    a(f"  %mask = icmp slt <{V} x i32> <{lanes}>, %tailv")
+    for r in range(R):
+        a(f"  %ar{r} = mul i64 %a_rs, {r}")
+    for j in range(J):
+        a(f"  %br{j} = mul i64 %b_rs, {j}")
+    a("  %any = icmp sgt i64 %full, 0")
+    a("  br i1 %any, label %loop, label %epi")
+    a("loop:")
+    a("  %k = phi i64 [0, %entry], [%k1, %loop]")
+    for r, j in acc:
+        a(f"  %c{r}_{j} = phi {vt} [zeroinitializer, %entry], [%n{r}_{j}, %loop]")
+    a(f"  %kv = mul i64 %k, {V}")
+
+    def body(tag: str, masked: bool, src: str) -> None:
+        for r in range(R):
+            a(f"  %ai{r}{tag} = add i64 %ar{r}, %kv{tag}")
+            a(f"  %ap{r}{tag} = getelementptr float, ptr %a, i64 %ai{r}{tag}")
+            if masked:
+                a(f"  %av{r}{tag} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %ap{r}{tag}, i32 4, <{V} x i1> %mask, "
+                  f"{vt} zeroinitializer)")
+            else:
+                a(f"  %av{r}{tag} = load {vt}, ptr %ap{r}{tag}, align 4")
+        for j in range(J):
+            a(f"  %bi{j}{tag} = add i64 %br{j}, %kv{tag}")
+            a(f"  %bp{j}{tag} = getelementptr float, ptr %b, i64 %bi{j}{tag}")
+            if masked:
+                a(f"  %bv{j}{tag} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %bp{j}{tag}, i32 4, <{V} x i1> %mask, "
+                  f"{vt} zeroinitializer)")
+            else:
+                a(f"  %bv{j}{tag} = load {vt}, ptr %bp{j}{tag}, align 4")
+            for r in range(R):
+                a(f"  %n{r}_{j}{tag} = call {vt} @llvm.fma.v{V}f32({vt} %av{r}{tag}, {vt} %bv{j}{tag}, {vt} {src}{r}_{j})")
+
+    body("", False, "%c")
+    a("  %k1 = add i64 %k, 1")
+    a("  %more = icmp slt i64 %k1, %full")
+    a("  br i1 %more, label %loop, label %epi")
+    a("epi:")
+    for r, j in acc:
+        a(f"  %e{r}_{j} = phi {vt} [zeroinitializer, %entry], [%n{r}_{j}, %loop]")
+    a("  %hastail = icmp sgt i64 %tail, 0")
+    a("  br i1 %hastail, label %last, label %sum")
+    a("last:")
+    a(f"  %kvm = mul i64 %full, {V}")
+    body("m", True, "%e")
+    a("  br label %sum")
+    a("sum:")
+    for r, j in acc:
+        a(f"  %s{r}_{j} = phi {vt} [%e{r}_{j}, %epi], [%n{r}_{j}m, %last]")
+    for r, j in acc:
+        v, width = f"%s{r}_{j}", V
+        step = 0
+        while width > 1:                       # lanes [0, w/2) + [w/2, w): a fixed tree
+            half = width // 2
+            lo = ", ".join(f"i32 {i}" for i in range(half))
+            hi = ", ".join(f"i32 {i + half}" for i in range(half))
+            a(f"  %h{r}_{j}_{step}l = shufflevector <{width} x float> {v}, <{width} x float> poison, <{half} x i32> <{lo}>")
+            a(f"  %h{r}_{j}_{step}h = shufflevector <{width} x float> {v}, <{width} x float> poison, <{half} x i32> <{hi}>")
+            a(f"  %h{r}_{j}_{step} = fadd <{half} x float> %h{r}_{j}_{step}l, %h{r}_{j}_{step}h")
+            v, width, step = f"%h{r}_{j}_{step}", half, step + 1
+        a(f"  %t{r}_{j} = extractelement <1 x float> {v}, i64 0")
+        a(f"  %yo{r}_{j}.0 = mul i64 %y_rs, {r}")
+        a(f"  %yo{r}_{j} = add i64 %yo{r}_{j}.0, {j}")
+        a(f"  %yp{r}_{j} = getelementptr float, ptr %y, i64 %yo{r}_{j}")
+        a(f"  %yl{r}_{j} = load float, ptr %yp{r}_{j}")
+        a(f"  %ys{r}_{j} = fadd float %yl{r}_{j}, %t{r}_{j}")
+        a(f"  store float %ys{r}_{j}, ptr %yp{r}_{j}")
+    a("  ret void")
+    a("}")
+    return "\n".join(L)
+
+
+def _entry_ir(name: str, variant: str, r_max: int, j_max: int, nargs: int) -> str:
+    args = ", ".join(f"i64 %x{i}" for i in range(nargs))
+    out = [f"define void @{name}(i64 %R, i64 %OB, {args}) #0 {{", "entry:",
+           "  %hi = mul i64 %R, 64", "  %key = add i64 %hi, %OB", "  switch i64 %key, label %done ["]
+    out += [f"    i64 {R * 64 + OB}, label %c{R}_{OB}" for R in range(1, r_max + 1) for OB in range(1, j_max + 1)]
+    out.append("  ]")
+    for R in range(1, r_max + 1):
+        for OB in range(1, j_max + 1):
+            out += [f"c{R}_{OB}:", f"  call void @{variant}_{R}_{OB}({args})", "  br label %done"]
+    out += ["done:", "  ret void", "}"]
+    return "\n".join(out)
+
+
 def module_ir(V: int, r_max: int, ob_max: int) -> str:
-    """The IR of every variant and of the ``ukernel(R, OB, ...)`` entry point (pure)."""
-    args = ", ".join(f"i64 %x{i}" for i in range(NARGS))
+    """The IR of every variant and of the ``ukernel(R, OB, ...)`` and ``dotkernel(R, J, ...)``
+    entry points (pure)."""
     vt = f"<{V} x float>"
     parts = [f"declare {vt} @llvm.fma.v{V}f32({vt}, {vt}, {vt})\n"
              f"declare {vt} @llvm.masked.load.v{V}f32.p0(ptr, i32, <{V} x i1>, {vt})\n"
              f"declare void @llvm.masked.store.v{V}f32.p0({vt}, ptr, i32, <{V} x i1>)"]
     parts += [_variant_ir(f"uk_{R}_{OB}", R, OB, V) for R in range(1, r_max + 1) for OB in range(1, ob_max + 1)]
-    entry = [f"define void @ukernel(i64 %R, i64 %OB, {args}) #0 {{", "entry:",
-             "  %hi = mul i64 %R, 64", "  %key = add i64 %hi, %OB", "  switch i64 %key, label %done ["]
-    entry += [f"    i64 {R * 64 + OB}, label %c{R}_{OB}" for R in range(1, r_max + 1) for OB in range(1, ob_max + 1)]
-    entry.append("  ]")
-    for R in range(1, r_max + 1):
-        for OB in range(1, ob_max + 1):
-            entry += [f"c{R}_{OB}:", f"  call void @uk_{R}_{OB}({args})", "  br label %done"]
-    entry += ["done:", "  ret void", "}"]
-    parts.append("\n".join(entry))
+    parts.append(_entry_ir("ukernel", "uk", r_max, ob_max, NARGS))
+    dr, dj = DOT_TILES[V]
+    parts += [_dot_variant_ir(f"dk_{R}_{J}", R, J, V) for R in range(1, dr + 1) for J in range(1, dj + 1)]
+    parts.append(_entry_ir("dotkernel", "dk", dr, dj, DOT_NARGS))
     parts.append(f'attributes #0 = {{ nounwind "min-legal-vector-width"="{V * 32}" }}')
     return "\n\n".join(parts) + "\n"
 
 
 class Compiled:
     """The compiled module of this host: ``address`` of ``ukernel``, ``lanes`` (V) and
-    the largest tile ``(r_max, ob_max)``. Holds the execution engine (the code lives as
+    the largest tile ``(r_max, ob_max)``; ``dot_address`` of ``dotkernel`` and its largest
+    tile ``(dot_r_max, dot_j_max)``. Holds the execution engine (the code lives as
     long as it does)."""
 
     def __init__(self, cpu: str, features: str, lanes: int) -> None:
@@ -200,6 +309,8 @@ class Compiled:
         self._engine = llvm.create_mcjit_compiler(mod, tm)
         self._engine.finalize_object()
         self.address = self._engine.get_function_address("ukernel")
+        self.dot_address = self._engine.get_function_address("dotkernel")
+        self.dot_r_max, self.dot_j_max = DOT_TILES[lanes]
 
 
 @functools.lru_cache(maxsize=1)

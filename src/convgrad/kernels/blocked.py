@@ -23,6 +23,12 @@ Data gradient (stride 1): the forward convolution of ``diff_dst`` with the kerne
 and channels swapped, pads ``(K - 1)*d - p`` (``gemm.flipped_spec``, derived there); the
 flip is done while the weights are put in blocks.
 
+1x1 layers (``pointwise_spec``) need no copy: the forward and data gradient put positions
+in the lanes and broadcast the weights (``y[n, o, p] = sum_c W[o, c] x[n, c, p]``, the last
+vector of an image masked), the weight gradient sums ``dy[n, o, p] * x[n, c, p]`` along
+the lanes of both rows (``dotkernel``) in blocks of positions, then across the lanes in a
+fixed halving order.
+
 Weight gradient (any stride, dilation, padding)::
 
     dW[o, c, k_t] = sum_n sum_p x[n, p*s - pb + k_t*d, c] * dy[n, p, o]
@@ -149,9 +155,9 @@ def _workspace(spec: ConvSpec, direction: str) -> int:
 
 def fits(spec: ConvSpec, direction: str, dtype, workspace_limit: int) -> bool:
     """Whether the copies fit in the cap (the automatic choice falls back otherwise; 1x1
-    forwards and data gradients make none)."""
-    if direction != "bwd_weights" and pointwise_spec(spec):
-        return True
+    problems make none, only conversions of inputs not in float32, counted as if made)."""
+    if pointwise_spec(spec):
+        return 4 * (math.prod(spec.src_shape) + math.prod(spec.dst_shape)) <= workspace_limit
     return _workspace(spec, direction) <= workspace_limit
 
 
@@ -294,8 +300,34 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     return _forward(fspec, diff_dst, weights, True, workspace_limit, "bwd_data")
 
 
+def _pointwise_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, workspace_limit: int) -> np.ndarray:
+    """The 1x1 weight gradient on the NCX arrays: each (output, input) channel pair is a
+    sum along both rows' positions, computed in vector lanes (``dotkernel``) over blocks of
+    positions that stay in cache for every tile of a thread; threads split the tiles."""
+    need = 4 * ((src.size if src.dtype != np.float32 else 0) + (diff_dst.size if diff_dst.dtype != np.float32 else 0))
+    if need > workspace_limit:
+        raise WorkspaceError(
+            f"bwd_weights: the workspace limit ({workspace_limit} bytes) is too small for the converted inputs "
+            f"of problem {spec} ({need} bytes); raise it with convgrad.set_workspace_limit()")
+    jit = _jit()
+    c = _ukernel.compiled()
+    g, cg, og = spec.groups, spec.icg, spec.ocg
+    hw = math.prod(spec.src)
+    x, dy = _f32(src), _f32(diff_dst)
+    pblk = max(c.lanes, min(1 << 14, POINTWISE_BLOCK_BYTES // (4 * (spec.ic + spec.oc)) // c.lanes * c.lanes))
+    geo = np.array((g, og, cg, hw, spec.mb, pblk), dtype=np.int64)
+    dw = np.zeros((spec.oc, cg), dtype=np.float32)
+    tiles = g * -(-og // c.dot_r_max) * -(-cg // c.dot_j_max)
+    workers = _workers(spec)
+    run_each(lambda r: jit.pointwise_weight_tiles(dy.reshape(-1), x.reshape(-1), dw, geo, r[0], r[1], c.dot_address,
+                                                  c.dot_r_max, c.dot_j_max), _cuts(tiles, workers), workers)
+    return dw.reshape(spec.weights_shape)
+
+
 def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, *, dtype,
                           workspace_limit: int) -> np.ndarray:
+    if pointwise_spec(spec):
+        return _pointwise_weights(spec, src, diff_dst, workspace_limit)
     _check(spec, "bwd_weights", workspace_limit)
     jit = _jit()
     lanes, r_max, obw = _lanes()
