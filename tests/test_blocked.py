@@ -134,6 +134,32 @@ def test_blocked_pointwise_on_the_ncx_arrays(monkeypatch):
 
 
 @needs_blocked
+def test_blocked_strided_pointwise():
+    """Strided 1x1 layers without padding: the 1x1 problem on the read input cells (every
+    remainder of the size formula: input cells past the last read one), zero data
+    gradient on the other cells."""
+    rng = np.random.default_rng(9)
+    for spec in (_spec(2, 6, 20, 1, (29, 35), (1, 1), (2, 3), (1, 1), (0, 0), (0, 0)),
+                 _spec(2, 6, 20, 1, (30, 36), (1, 1), (3, 2), (1, 1), (0, 0), (0, 0)),
+                 _spec(3, 12, 33, 3, (17, 15, 13), (1, 1, 1), (2, 1, 2), (1, 1, 1), (0, 0, 0), (0, 0, 0)),
+                 _spec(1, 8, 70, 2, (390,), (1,), (3,), (1,), (0,), (0,))):
+        assert blocked.strided_pointwise(spec) is not None
+        got = _check(spec, rng, tag="strided 1x1")
+        assert set(got) == {"fwd", "bwd_data", "bwd_weights"}
+        unread = np.ones(spec.src_shape, dtype=bool)
+        unread[blocked._sampled_cells(spec)] = False
+        assert not got["bwd_data"][unread].any()
+    r3a = _spec(4, 256, 128, 1, (56, 56), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))
+    r4a = _spec(4, 512, 1024, 1, (28, 28), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))
+    if blocked.vector_bits() == 512:
+        assert cg.choose_algorithm(r3a, "bwd_data") == "blocked"
+    assert not dispatch.blocked_pays(r3a, "fwd") and not dispatch.blocked_pays(r3a, "bwd_weights")
+    assert not dispatch.blocked_pays(r4a, "bwd_data")
+    padded = _spec(1, 4, 20, 1, (9, 9), (1, 1), (2, 2), (1, 1), (1, 1), (0, 0))
+    assert blocked.strided_pointwise(padded) is None and not blocked.eligible(padded, "bwd_data")
+
+
+@needs_blocked
 def test_blocked_chunked_reductions(monkeypatch):
     """Input channels cut into chunks (weight blocks bigger than WEIGHT_BLOCK_BYTES) and the
     weight gradient's rows cut into chunks (ROW_CHUNK_BYTES): the sums run on through the

@@ -337,7 +337,13 @@ def thin_pays(spec: ConvSpec, direction: str) -> bool:
 #    images with at most BLOCKED_POINTWISE_WEIGHTS_MAX_CHANNELS input + output channels per
 #    group (every tile re-reads its rows from the L2 cache): res2a_branch2a 7.1 / 9.4,
 #    mobilenet conv2 7.7 / 13.9, conv3 (64 -> 128) 5.0 / 6.5, but 128 -> 128 5.7 / 5.2,
-#    64 -> 256 5.0 / 5.2, 256 -> 64 6.4 / 6.2, 512 -> 128 at 28^2 7.2 / 4.6;
+#    64 -> 256 5.0 / 5.2, 256 -> 64 6.4 / 6.2, 512 -> 128 at 28^2 7.2 / 4.6; and the data
+#    gradient of a strided 1x1 layer (``blocked.strided_pointwise``: the 1x1 problem on the
+#    read cells, zero elsewhere) with at least BLOCKED_STRIDED_POINTWISE_MIN_POSITIONS
+#    outputs per image and at most BLOCKED_STRIDED_POINTWISE_MAX_REDUCTION output channels
+#    per group: resnet_50 res3a_branch2a (256 -> 128, 56^2 -> 28^2) 15.9 / 28.0, res3a_branch1
+#    (256 -> 512) 4.3 / 4.5, but res4a_branch1 (14^2 outputs, 1024) 6.1 / 4.1; its forward
+#    and weight gradient lose (9.1 / 11.8, 10.3 / 14.6: the copy of the read cells);
 #  - the output channels the vector lanes hold (forward and weight gradient: C_out per
 #    group; data gradient: C_in per group) number at least BLOCKED_MIN_LANE_CHANNELS (16
 #    channels fill a quarter of a 64-channel register tile: 16 ch 3x3 128^2 2.43 / 2.24,
@@ -363,6 +369,8 @@ BLOCKED_MIN_LANE_CHANNELS = 32
 BLOCKED_POINTWISE_MIN_POSITIONS = 2048
 BLOCKED_POINTWISE_MIN_ROWS = 64
 BLOCKED_POINTWISE_WEIGHTS_MAX_CHANNELS = 192
+BLOCKED_STRIDED_POINTWISE_MIN_POSITIONS = 512
+BLOCKED_STRIDED_POINTWISE_MAX_REDUCTION = 512
 BLOCKED_MIN_INTENSITY = 100
 BLOCKED_MAX_WEIGHT_RATIO = {"fwd": 4, "bwd_data": 12, "bwd_weights": 4}
 
@@ -379,6 +387,10 @@ def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
     if spec.icg < 2 or not blocked.eligible(spec, direction) or blocked.vector_bits() < 512:
         return False
     if _prod(spec.kernel) == 1:
+        sub = blocked.strided_pointwise(spec)
+        if sub is not None:
+            return (direction == "bwd_data" and _prod(sub.src) >= BLOCKED_STRIDED_POINTWISE_MIN_POSITIONS
+                    and spec.ocg <= BLOCKED_STRIDED_POINTWISE_MAX_REDUCTION)
         if not pointwise_spec(spec) or _prod(spec.src) < BLOCKED_POINTWISE_MIN_POSITIONS:
             return False
         if direction == "bwd_weights":

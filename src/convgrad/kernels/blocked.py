@@ -27,7 +27,8 @@ flip is done while the weights are put in blocks.
 in the lanes and broadcast the weights (``y[n, o, p] = sum_c W[o, c] x[n, c, p]``, the last
 vector of an image masked), the weight gradient sums ``dy[n, o, p] * x[n, c, p]`` along
 the lanes of both rows (``dotkernel``) in blocks of positions, then across the lanes in a
-fixed halving order.
+fixed halving order. Strided 1x1 layers run the same on a copy of the input cells their
+outputs read (``strided_pointwise``; the data gradient is zero on the other cells).
 
 Weight gradient (any stride, dilation, padding)::
 
@@ -115,10 +116,29 @@ def _jit():
 
 def eligible(spec: ConvSpec, direction: str) -> bool:
     """Problems the kernel runs: 1-3 spatial axes; the data gradient with stride 1 and
-    pads at most ``(K - 1)*d`` (a forward convolution of ``diff_dst``)."""
+    pads at most ``(K - 1)*d`` (a forward convolution of ``diff_dst``), or of a strided 1x1
+    layer (``strided_pointwise``)."""
     if not 1 <= spec.nsp <= 3 or 0 in spec.dst:
         return False
-    return direction != "bwd_data" or flipped_spec(spec) is not None
+    return direction != "bwd_data" or flipped_spec(spec) is not None or strided_pointwise(spec) is not None
+
+
+@functools.lru_cache(maxsize=256)
+def strided_pointwise(spec: ConvSpec) -> ConvSpec | None:
+    """A 1x1 problem with strides and no padding as the 1x1 stride-1 problem on the input
+    positions the outputs read (``x[..., 0 : s*(dst-1)+1 : s]``, every other input cell has
+    zero gradient), when that one runs on the NCX arrays (``pointwise_spec``); else None."""
+    if (all(s == 1 for s in spec.strides) or any(k != 1 for k in spec.kernel) or any(spec.pads_begin)
+            or any(spec.pads_end)):
+        return None
+    ones = (1,) * spec.nsp
+    sub = ConvSpec(mb=spec.mb, ic=spec.ic, oc=spec.oc, groups=spec.groups, src=spec.dst, kernel=spec.kernel,
+                   strides=ones, dilations=ones, pads_begin=(0,) * spec.nsp, pads_end=(0,) * spec.nsp)
+    return sub if pointwise_spec(sub) else None
+
+
+def _sampled_cells(spec: ConvSpec) -> tuple[slice, ...]:
+    return (slice(None), slice(None)) + tuple(slice(0, s * (o - 1) + 1, s) for s, o in zip(spec.strides, spec.dst))
 
 
 def _lanes() -> tuple[int, int, int]:
@@ -156,7 +176,7 @@ def _workspace(spec: ConvSpec, direction: str) -> int:
 def fits(spec: ConvSpec, direction: str, dtype, workspace_limit: int) -> bool:
     """Whether the copies fit in the cap (the automatic choice falls back otherwise; 1x1
     problems make none, only conversions of inputs not in float32, counted as if made)."""
-    if pointwise_spec(spec):
+    if pointwise_spec(spec) or strided_pointwise(spec) is not None:
         return 4 * (math.prod(spec.src_shape) + math.prod(spec.dst_shape)) <= workspace_limit
     return _workspace(spec, direction) <= workspace_limit
 
@@ -289,6 +309,9 @@ def _pointwise(spec: ConvSpec, a: np.ndarray, b: np.ndarray, transposed: bool, w
 def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype, workspace_limit: int) -> np.ndarray:
     if pointwise_spec(spec):
         return _pointwise(spec, weights, src, False, workspace_limit, "fwd")
+    sub = strided_pointwise(spec)
+    if sub is not None:                       # the read cells, copied (a slice of each row)
+        return _pointwise(sub, weights, _f32(src[_sampled_cells(spec)]), False, workspace_limit, "fwd")
     return _forward(spec, src, weights, False, workspace_limit, "fwd")
 
 
@@ -296,6 +319,11 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
                        workspace_limit: int) -> np.ndarray:
     if pointwise_spec(spec):
         return _pointwise(spec, weights, diff_dst, True, workspace_limit, "bwd_data")
+    sub = strided_pointwise(spec)
+    if sub is not None:                       # the read cells' gradient; zero elsewhere
+        dx = np.zeros(spec.src_shape, dtype=np.float32)
+        dx[_sampled_cells(spec)] = _pointwise(sub, weights, diff_dst, True, workspace_limit, "bwd_data")
+        return dx
     fspec = flipped_spec(spec)
     return _forward(fspec, diff_dst, weights, True, workspace_limit, "bwd_data")
 
@@ -328,6 +356,9 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
                           workspace_limit: int) -> np.ndarray:
     if pointwise_spec(spec):
         return _pointwise_weights(spec, src, diff_dst, workspace_limit)
+    sub = strided_pointwise(spec)
+    if sub is not None:
+        return _pointwise_weights(sub, _f32(src[_sampled_cells(spec)]), diff_dst, workspace_limit)
     _check(spec, "bwd_weights", workspace_limit)
     jit = _jit()
     lanes, r_max, obw = _lanes()
