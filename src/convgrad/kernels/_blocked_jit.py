@@ -8,8 +8,9 @@ cache stays valid in every process.
 Channels-last arrays: ``(N, rows, Wp, Cp)`` flat, where ``rows`` runs over every spatial
 axis but the last (row-major), ``Wp`` is the last axis with its zero padding, and ``Cp``
 the channels, each group's ``cg`` channels padded with zeros to ``cgp`` (lanes of the
-micro-kernel's vectors). Weight blocks: for group ``g`` and the block of ``wbw`` output
-channels from ``ob0``, a ``(T, cg, wbw)`` array at ``(g*T*cg*ogp + ob0*T*cg)``.
+micro-kernel's vectors). Weight blocks (made with NumPy, ``blocked.py``): for group ``g``
+and the block of ``wbw`` output channels from ``ob0``, a ``(T, cg, wbw)`` array at
+``(g*T*cg*ogp + ob0*T*cg)``.
 """
 
 from __future__ import annotations
@@ -88,59 +89,6 @@ def from_channels_last(ycl, y, q0, q1, groups, og, ogp, block):
                 for p in range(r0 * W, r1 * W):
                     yf[yb + p] = cf[(n * plane + p) * Cp + cb]
         q += r1 - r0
-
-
-@njit(**JIT)
-def weight_blocks(w, out, groups, og, cg, ogp, obw, flip, b0, b1):
-    """Forward weights in blocks (module doc), blocks ``b0 .. b1`` of the (group, block of
-    output channels) list. ``w`` is (G*og, cg, T) or, with ``flip`` (the data gradient's
-    forward), the original (G*cg, og, T): output channel ``o`` and input channel ``c`` of
-    the forward read ``w[g*cg + c, o, T-1-t]``. Reads run along ``w``'s rows."""
-    T = w.shape[2]
-    nob = (ogp + obw - 1) // obw
-    for b in range(b0, b1):
-        g = b // nob
-        ob0 = (b % nob) * obw
-        wbw = min(obw, ogp - ob0)
-        base = g * T * cg * ogp + ob0 * T * cg
-        if og - ob0 < wbw:
-            for i in range(T * cg):
-                for j in range(og - ob0, wbw):
-                    out[base + i * wbw + j] = 0.0
-        if flip:
-            for c in range(cg):
-                for j in range(min(wbw, og - ob0)):
-                    src = w[g * cg + c, ob0 + j]
-                    for t in range(T):
-                        out[base + ((T - 1 - t) * cg + c) * wbw + j] = src[t]
-        else:           # 16 output channels at a time: each write fills a cache line
-            nj = min(wbw, og - ob0)
-            for j0 in range(0, nj, 16):
-                for c in range(cg):
-                    for j in range(j0, min(nj, j0 + 16)):
-                        src = w[g * og + ob0 + j, c]
-                        for t in range(T):
-                            out[base + (t * cg + c) * wbw + j] = src[t]
-
-
-@njit(**JIT)
-def weights_from_blocks(blk, dw, groups, og, cg, ogp, obw, b0, b1):
-    """Inverse of ``weight_blocks`` (no flip) for blocks ``b0 .. b1``: -> ``dw`` (G*og, cg,
-    T), 16 output channels at a time (each read takes a whole cache line)."""
-    T = dw.shape[2]
-    nob = (ogp + obw - 1) // obw
-    for b in range(b0, b1):
-        g = b // nob
-        ob0 = (b % nob) * obw
-        wbw = min(obw, ogp - ob0)
-        base = g * T * cg * ogp + ob0 * T * cg
-        nj = min(wbw, og - ob0)
-        for j0 in range(0, nj, 16):
-            for c in range(cg):
-                for t in range(T):
-                    src = base + (t * cg + c) * wbw
-                    for j in range(j0, min(nj, j0 + 16)):
-                        dw[g * og + ob0 + j, c, t] = blk[src + j]
 
 
 @njit(**JIT)

@@ -239,6 +239,55 @@ def _from_channels_last(ycl: np.ndarray, shape: tuple[int, ...], groups: int, og
     return y.reshape(shape)
 
 
+def _block_view(blk: np.ndarray, b: int, groups: int, cg: int, ogp: int, obw: int, t: int):
+    """(group, first output channel, width, the ``(T, cg, width)`` view) of weight block ``b``."""
+    nob = -(-ogp // obw)
+    g, ob0 = b // nob, (b % nob) * obw
+    wbw = min(obw, ogp - ob0)
+    base = g * t * cg * ogp + ob0 * t * cg
+    return g, ob0, wbw, blk[base:base + t * cg * wbw].reshape(t, cg, wbw)
+
+
+def _weight_blocks(w3: np.ndarray, blk: np.ndarray, groups: int, og: int, cg: int, ogp: int, obw: int, flip: bool,
+                   workers: int) -> None:
+    """The forward's weights in blocks (``_blocked_jit`` module doc), zero past ``og``:
+    ``blk[t, c, j] = w3[g*og + ob0 + j, c, t]``, or with ``flip`` (``w3`` the data
+    gradient's original (G*cg, og, T) weights) ``w3[g*cg + c, ob0 + j, T-1-t]``. NumPy's
+    strided copies, a block per pool thread (2-2.5x faster than an element loop)."""
+    t = w3.shape[2]
+
+    def one(bounds) -> None:
+        for b in range(*bounds):
+            g, ob0, wbw, dst = _block_view(blk, b, groups, cg, ogp, obw, t)
+            n = min(wbw, og - ob0)
+            if flip:
+                np.copyto(dst[:, :, :n], w3[g * cg:(g + 1) * cg, ob0:ob0 + n, ::-1].transpose(2, 0, 1))
+            else:
+                np.copyto(dst[:, :, :n], w3[g * og + ob0:g * og + ob0 + n].transpose(2, 1, 0))
+            if n < wbw:
+                dst[:, :, n:] = 0.0
+
+    nblk = groups * -(-ogp // obw)
+    parts = workers if blk.size >= PARALLEL_COPY else 1
+    run_each(one, _cuts(nblk, parts), parts)
+
+
+def _weights_from_blocks(blk: np.ndarray, dw: np.ndarray, groups: int, og: int, cg: int, ogp: int, obw: int,
+                         workers: int) -> None:
+    """Inverse of ``_weight_blocks`` without flip: blocks -> ``dw`` (G*og, cg, T)."""
+    t = dw.shape[2]
+
+    def one(bounds) -> None:
+        for b in range(*bounds):
+            g, ob0, wbw, src = _block_view(blk, b, groups, cg, ogp, obw, t)
+            n = min(wbw, og - ob0)
+            np.copyto(dw[g * og + ob0:g * og + ob0 + n], src[:, :, :n].transpose(2, 1, 0))
+
+    nblk = groups * -(-ogp // obw)
+    parts = workers if blk.size >= PARALLEL_COPY else 1
+    run_each(one, _cuts(nblk, parts), parts)
+
+
 def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspace_limit: int,
              direction: str) -> np.ndarray:
     """The forward loop of ``fspec`` on ``x`` (N, C, *S); ``w`` the forward's weights, or
@@ -253,10 +302,7 @@ def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspac
     wp, pad = _last_axis(fspec)
     xcl = _to_channels_last(_f32(x), g, cg, cg, wp, pad, workers, "blocked_x")
     blk = _scratch("blocked_w", (g * t * cg * ogp,), np.float32)
-    w3 = _f32(w).reshape(w.shape[0], w.shape[1], t)
-    nblk = g * -(-ogp // obw)
-    parts = workers if blk.size >= PARALLEL_COPY else 1
-    run_each(lambda b: jit.weight_blocks(w3, blk, g, og, cg, ogp, obw, flip, b[0], b[1]), _cuts(nblk, parts), parts)
+    _weight_blocks(_f32(w).reshape(w.shape[0], w.shape[1], t), blk, g, og, cg, ogp, obw, flip, workers)
     rows_src = math.prod(fspec.src[:-1])
     rows_dst = math.prod(fspec.dst[:-1])
     wout = fspec.dst[-1]
@@ -385,7 +431,5 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
                                         pb_o, b[0], b[1], addr, r_max, lanes, obw, chunk_rows),
              _cuts(tiles, workers), workers)
     dw = np.empty((spec.oc, cg, t), dtype=np.float32)
-    nblk = g * -(-ogp // obw)
-    parts = workers if blk.size >= PARALLEL_COPY else 1
-    run_each(lambda b: jit.weights_from_blocks(blk, dw, g, og, cg, ogp, obw, b[0], b[1]), _cuts(nblk, parts), parts)
+    _weights_from_blocks(blk, dw, g, og, cg, ogp, obw, workers)
     return dw.reshape(spec.weights_shape)
