@@ -134,6 +134,37 @@ def test_blocked_pointwise_on_the_ncx_arrays(monkeypatch):
 
 
 @needs_blocked
+def test_blocked_lines(monkeypatch):
+    """1-D stride-1 forwards and data gradients on the NCX rows: blocks inside the row and
+    at both ends (zero-padded windows), dilations and pads wider than a block, groups,
+    flipped weights; bitwise across threads; too many weights take the channels-last path."""
+    monkeypatch.setattr(blocked, "POINTWISE_BLOCK_BYTES", 4 * 12 * 64)      # 64-position blocks
+    monkeypatch.setattr(blocked, "PARALLEL_MACS", 0)
+    rng = np.random.default_rng(8)
+    cases = (_spec(2, 6, 20, 1, (300,), (3,), (1,), (2,), (1,), (3,)),
+             _spec(3, 12, 18, 3, (200,), (2,), (1,), (70,), (70,), (60,)),      # halo longer than a block
+             _spec(1, 5, 34, 1, (129,), (4,), (1,), (1,), (0,), (0,)),
+             _spec(2, 7, 9, 1, (10,), (5,), (1,), (1,), (4,), (4,)))
+    for spec in cases:
+        assert blocked.line_spec(spec)
+        got = _check(spec, rng, tag="lines")
+        cg.set_num_threads(1)
+        try:
+            one = _run(spec, *_inputs(spec, np.random.default_rng(2), np.float32), algorithm="blocked")
+        finally:
+            cg.set_num_threads(None)
+        two = _run(spec, *_inputs(spec, np.random.default_rng(2), np.float32), algorithm="blocked")
+        for name in ("fwd", "bwd_data"):
+            assert got[name].shape == one[name].shape and np.array_equal(one[name], two[name]), name
+    big = _spec(2, 512, 512, 1, (40,), (3,), (1,), (1,), (1,), (1,))
+    assert not blocked.line_spec(big)
+    wavenet = _spec(8, 32, 32, 1, (10543,), (2,), (1,), (1,), (0,), (0,))
+    if blocked.vector_bits() == 512:
+        assert cg.choose_algorithm(wavenet, "fwd") == cg.choose_algorithm(wavenet, "bwd_data") == "blocked"
+        assert cg.choose_algorithm(wavenet, "bwd_weights") != "blocked"
+
+
+@needs_blocked
 def test_blocked_strided_pointwise():
     """Strided 1x1 layers without padding: the 1x1 problem on the read input cells (every
     remainder of the size formula: input cells past the last read one), zero data

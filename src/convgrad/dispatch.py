@@ -358,6 +358,11 @@ def thin_pays(spec: ConvSpec, direction: str) -> bool:
 #    are put in blocks on every call, another pass over memory): 3d_unet conv_8 (ratio 28)
 #    8.6 / 4.1, 9.4 / 5.0, 11.6 / 3.5; conv_7 (11) 5.3 / 4.5, 6.0 / 7.5, 3.3 / 3.2;
 #    resnet_50 res5a_branch2b mb4 (12) 4.7 / 4.5, 4.9 / 5.7, 4.4 / 4.2;
+#  - 1-D stride-1 forwards and data gradients with at most ``blocked.LINE_MAX_WEIGHT_BYTES``
+#    of weights and at least BLOCKED_LINE_MIN_ROWS output channels per group run on the NCX
+#    rows (no copies, so none of the rules above): wavenet 32 ch k2 (84350 cells, mb1; 10543,
+#    mb8; 658, mb128; 164, mb512) 1.6 / 2.6, 1.6 / 2.6; 1.7 / 2.7, 1.7 / 2.6; 1.5 / 2.8,
+#    1.7 / 2.9; 1.5 / 3.1, 1.7 / 3.1 against the thin kernel; 64 ch k3 1.6 / 2.3 (both);
 #  - the micro-kernels run 512-bit vectors (``blocked.vector_bits``): the 256-bit build
 #    (AVX2 hosts) is correct but was not measured against the other kernels there.
 # Where it is chosen: res2a_branch2b (64 ch 56^2 mb4) 4.0 / 4.7, 3.9 / 5.2, 4.5 / 8.2;
@@ -371,6 +376,7 @@ BLOCKED_POINTWISE_MIN_ROWS = 64
 BLOCKED_POINTWISE_WEIGHTS_MAX_CHANNELS = 192
 BLOCKED_STRIDED_POINTWISE_MIN_POSITIONS = 512
 BLOCKED_STRIDED_POINTWISE_MAX_REDUCTION = 512
+BLOCKED_LINE_MIN_ROWS = 16
 BLOCKED_MIN_INTENSITY = 100
 BLOCKED_MAX_WEIGHT_RATIO = {"fwd": 4, "bwd_data": 12, "bwd_weights": 4}
 
@@ -386,6 +392,8 @@ def blocked_pays(spec: ConvSpec, direction: str) -> bool:
 def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
     if spec.icg < 2 or not blocked.eligible(spec, direction) or blocked.vector_bits() < 512:
         return False
+    if direction != "bwd_weights" and blocked.line_spec(spec):
+        return (spec.icg if direction == "bwd_data" else spec.ocg) >= BLOCKED_LINE_MIN_ROWS
     if _prod(spec.kernel) == 1:
         sub = blocked.strided_pointwise(spec)
         if sub is not None:

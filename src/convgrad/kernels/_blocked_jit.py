@@ -285,3 +285,58 @@ def pointwise_weight_tiles(dy, x, dw, geo, i0, i1, addr, r_max, j_max):
                            da + 4 * ((n * groups * og + g * og + o0) * HW + p0),
                            xa + 4 * ((n * groups * cg + g * cg + c0) * HW + p0),
                            wa + 4 * ((g * og + o0) * cg + c0), npos, HW, HW, cg)
+
+
+@njit(**JIT)
+def line_items(w, x, y, buf, geo, i0, i1, addr, r_max, lanes, ob_max):
+    """Items ``i0 .. i1`` of a 1-D stride-1 convolution on the NCX arrays, positions in the
+    lanes: ``y[n, g*M + m, p] = sum_t sum_k A[m, k, t] * x[n, g*K + k, p + t*d - pb]`` with
+    ``A[m, k, t] = w[g*M + m, k, t]`` or, ``flip`` (the data gradient's forward),
+    ``w[g*K + k, m, T-1-t]``, read in place. Item: (image, block of ``pblk`` outputs). A
+    block whose taps all read real cells reads ``x`` in place; a block at an end of the row
+    reads a copy of its window in ``buf`` (zeros for the padding)."""
+    groups, M, K, T, d, pb, L_in, L_out, flip, pblk = (
+        geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8], geo[9])
+    aoff = np.empty(T, np.int64)
+    boff = np.empty(T, np.int64)
+    if flip:
+        a_rs, a_ks = T, M * T
+        for t in range(T):
+            aoff[t] = T - 1 - t
+    else:
+        a_rs, a_ks = K * T, T
+        for t in range(T):
+            aoff[t] = t
+    for t in range(T):
+        boff[t] = t * d
+    halo = (T - 1) * d
+    nblk = (L_out + pblk - 1) // pblk
+    step = ob_max * lanes
+    wa = w.ctypes.data
+    ya = y.ctypes.data
+    for i in range(i0, i1):
+        n = i // nblk
+        p0 = (i % nblk) * pblk
+        p1 = min(L_out, p0 + pblk)
+        inside = p0 - pb >= 0 and p1 - 1 + halo - pb <= L_in - 1
+        width = p1 - p0 + halo
+        for g in range(groups):
+            if inside:
+                bbase = x.ctypes.data + 4 * ((n * groups * K + g * K) * L_in + p0 - pb)
+                b_ks = L_in
+            else:
+                for k in range(K):
+                    row = x[n, g * K + k]
+                    for q in range(width):
+                        src = p0 - pb + q
+                        buf[k * width + q] = row[src] if 0 <= src < L_in else 0.0
+                bbase = buf.ctypes.data
+                b_ks = width
+            for m0 in range(0, M, r_max):
+                R = min(r_max, M - m0)
+                for q0 in range(p0, p1, step):
+                    cnt = min(step, p1 - q0)
+                    OB = (cnt + lanes - 1) // lanes
+                    _ukernel(addr, R, OB, wa + 4 * (g * M * K * T + m0 * a_rs), bbase + 4 * (q0 - p0),
+                             ya + 4 * ((n * groups * M + g * M + m0) * L_out + q0), aoff.ctypes.data, boff.ctypes.data,
+                             T, K, a_rs, a_ks, b_ks, L_out, 0, cnt - (OB - 1) * lanes)
