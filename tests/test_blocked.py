@@ -62,6 +62,18 @@ def _check(spec, rng, dtype=np.float32, tag=""):
     return got
 
 
+def _same_bits_on_one_and_two_threads(spec):
+    inputs = _inputs(spec, np.random.default_rng(1), np.float32)
+    cg.set_num_threads(1)
+    try:
+        one = _run(spec, *inputs, algorithm="blocked")
+    finally:
+        cg.set_num_threads(None)
+    two = _run(spec, *inputs, algorithm="blocked")
+    for name in one:
+        assert np.array_equal(one[name], two[name]), name
+
+
 def _random_spec(rng, nsp, wide=False):
     while True:
         src = tuple(int(v) for v in rng.integers(1, 12, nsp))
@@ -122,15 +134,8 @@ def test_blocked_pointwise_on_the_ncx_arrays(monkeypatch):
                  _spec(3, 12, 21, 3, (130,), (1,), (1,), (1,), (0,), (0,)),
                  _spec(1, 70, 9, 1, (4, 8, 5), (1, 1, 1), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)),
                  _spec(2, 5, 7, 1, (1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))):
-        got = _check(spec, rng, tag="pointwise")
-        cg.set_num_threads(1)
-        try:
-            one = _run(spec, *_inputs(spec, np.random.default_rng(1), np.float32), algorithm="blocked")
-        finally:
-            cg.set_num_threads(None)
-        two = _run(spec, *_inputs(spec, np.random.default_rng(1), np.float32), algorithm="blocked")
-        for name in ("fwd", "bwd_data", "bwd_weights"):
-            assert got[name].shape == one[name].shape and np.array_equal(one[name], two[name]), name
+        _check(spec, rng, tag="pointwise")
+        _same_bits_on_one_and_two_threads(spec)
 
 
 @needs_blocked
@@ -147,15 +152,8 @@ def test_blocked_lines(monkeypatch):
              _spec(2, 7, 9, 1, (10,), (5,), (1,), (1,), (4,), (4,)))
     for spec in cases:
         assert blocked.line_spec(spec)
-        got = _check(spec, rng, tag="lines")
-        cg.set_num_threads(1)
-        try:
-            one = _run(spec, *_inputs(spec, np.random.default_rng(2), np.float32), algorithm="blocked")
-        finally:
-            cg.set_num_threads(None)
-        two = _run(spec, *_inputs(spec, np.random.default_rng(2), np.float32), algorithm="blocked")
-        for name in ("fwd", "bwd_data"):
-            assert got[name].shape == one[name].shape and np.array_equal(one[name], two[name]), name
+        _check(spec, rng, tag="lines")
+        _same_bits_on_one_and_two_threads(spec)
     big = _spec(2, 512, 512, 1, (40,), (3,), (1,), (1,), (1,), (1,))
     assert not blocked.line_spec(big)
     wavenet = _spec(8, 32, 32, 1, (10543,), (2,), (1,), (1,), (0,), (0,))
@@ -351,6 +349,16 @@ def test_blocked_workspace_cap():
     assert rel_err(small, ref.conv_forward(spec, x.astype(np.float64), w.astype(np.float64))) < 1e-5
     with pytest.raises(cg.WorkspaceError, match=r"fwd: the workspace limit \(500000 bytes\) is too small"):
         cg.conv_forward(x, w, **_kw(spec), algorithm="blocked", workspace_limit=cap)
+    # 1x1 and 1-D paths read float32 inputs in place; half inputs are converted, in the cap
+    for spec in (_spec(2, 64, 64, 1, (50, 50), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
+                 _spec(2, 64, 64, 1, (2000,), (3,), (1,), (1,), (1,), (1,))):
+        x, w, dy = _inputs(spec, rng, np.float16)
+        assert not blocked.fits(spec, "fwd", np.float32, cap)
+        with pytest.raises(cg.WorkspaceError, match="converted inputs"):
+            cg.conv_forward(x, w, **_kw(spec), algorithm="blocked", workspace_limit=cap)
+        got = cg.conv_forward(x, w, **_kw(spec), workspace_limit=cap)                # falls back
+        want = ref.conv_forward(spec, x.astype(np.float64), w.astype(np.float64))
+        assert rel_err(got, want) < 1e-2
 
 
 def test_blocked_errors(monkeypatch):

@@ -24,17 +24,21 @@ JIT = dict(nogil=True, cache=True)
 NARGS = 15      # R, OB + the micro-kernel's 13 arguments
 
 
-@intrinsic
-def _ukernel(typingctx, addr, R, OB, a, b, y, aoff, boff, ntaps, K, a_rs, a_ks, b_ks, y_rs, acc, tail):
-    sig = types.void(*([types.int64] * (NARGS + 1)))
-
+def _indirect_call(nargs: int):
+    """``(signature, codegen)`` of an intrinsic ``f(addr, x1 .. x_nargs)`` that calls the
+    function at ``addr`` with ``nargs`` 64-bit integers."""
     def codegen(context, builder, signature, args):
         i64 = ir.IntType(64)
-        fnty = ir.FunctionType(ir.VoidType(), [i64] * NARGS)
+        fnty = ir.FunctionType(ir.VoidType(), [i64] * nargs)
         fn = builder.inttoptr(args[0], fnty.as_pointer())
         builder.call(fn, list(args[1:]))
         return context.get_dummy_value()
-    return sig, codegen
+    return types.void(*([types.int64] * (nargs + 1))), codegen
+
+
+@intrinsic
+def _ukernel(typingctx, addr, R, OB, a, b, y, aoff, boff, ntaps, K, a_rs, a_ks, b_ks, y_rs, acc, tail):
+    return _indirect_call(NARGS)
 
 
 @njit(**JIT)
@@ -248,15 +252,7 @@ def pointwise_items(a, b, y, geo, i0, i1, addr, r_max, lanes, ob_max):
 
 @intrinsic
 def _dotkernel(typingctx, addr, R, J, a, b, y, npos, a_rs, b_rs, y_rs):
-    sig = types.void(*([types.int64] * 10))
-
-    def codegen(context, builder, signature, args):
-        i64 = ir.IntType(64)
-        fnty = ir.FunctionType(ir.VoidType(), [i64] * 9)
-        fn = builder.inttoptr(args[0], fnty.as_pointer())
-        builder.call(fn, list(args[1:]))
-        return context.get_dummy_value()
-    return sig, codegen
+    return _indirect_call(9)
 
 
 @njit(**JIT)

@@ -76,6 +76,15 @@ def _features() -> tuple[str, str, int] | None:
     return llvm.get_host_cpu_name(), feats.flatten(), lanes
 
 
+def _vector_load(dst: str, ptr: str, V: int, masked: bool) -> str:
+    """One IR line: ``V`` floats from ``ptr`` into ``dst``, only the lanes of ``%mask`` if
+    ``masked`` (zeros in the others)."""
+    vt = f"<{V} x float>"
+    if masked:
+        return f"  {dst} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr {ptr}, i32 4, <{V} x i1> %mask, {vt} zeroinitializer)"
+    return f"  {dst} = load {vt}, ptr {ptr}, align 4"
+
+
 def _variant_ir(name: str, R: int, OB: int, V: int) -> str:
     vt = f"<{V} x float>"
     L: list[str] = []
@@ -83,11 +92,7 @@ def _variant_ir(name: str, R: int, OB: int, V: int) -> str:
     last = OB - 1
 
     def load(dst: str, ptr: str, j: int) -> None:
-        if j == last:
-            a(f"  {dst} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr {ptr}, i32 4, <{V} x i1> %mask, "
-              f"{vt} zeroinitializer)")
-        else:
-            a(f"  {dst} = load {vt}, ptr {ptr}, align 4")
+        a(_vector_load(dst, ptr, V, j == last))
 
     a(f"define internal void @{name}(i64 %aa, i64 %ba, i64 %ya, i64 %aoffa, i64 %boffa, i64 %ntaps, i64 %K, "
       f"i64 %a_rs, i64 %a_ks, i64 %b_ks, i64 %y_rs, i64 %accf, i64 %tail) #0 {{")
@@ -205,19 +210,11 @@ def _dot_variant_ir(name: str, R: int, J: int, V: int) -> str:
         for r in range(R):
             a(f"  %ai{r}{tag} = add i64 %ar{r}, %kv{tag}")
             a(f"  %ap{r}{tag} = getelementptr float, ptr %a, i64 %ai{r}{tag}")
-            if masked:
-                a(f"  %av{r}{tag} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %ap{r}{tag}, i32 4, <{V} x i1> %mask, "
-                  f"{vt} zeroinitializer)")
-            else:
-                a(f"  %av{r}{tag} = load {vt}, ptr %ap{r}{tag}, align 4")
+            a(_vector_load(f"%av{r}{tag}", f"%ap{r}{tag}", V, masked))
         for j in range(J):
             a(f"  %bi{j}{tag} = add i64 %br{j}, %kv{tag}")
             a(f"  %bp{j}{tag} = getelementptr float, ptr %b, i64 %bi{j}{tag}")
-            if masked:
-                a(f"  %bv{j}{tag} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %bp{j}{tag}, i32 4, <{V} x i1> %mask, "
-                  f"{vt} zeroinitializer)")
-            else:
-                a(f"  %bv{j}{tag} = load {vt}, ptr %bp{j}{tag}, align 4")
+            a(_vector_load(f"%bv{j}{tag}", f"%bp{j}{tag}", V, masked))
             for r in range(R):
                 a(f"  %n{r}_{j}{tag} = call {vt} @llvm.fma.v{V}f32({vt} %av{r}{tag}, {vt} %bv{j}{tag}, {vt} {src}{r}_{j})")
 

@@ -182,8 +182,10 @@ def _workspace(spec: ConvSpec, direction: str) -> int:
 
 def fits(spec: ConvSpec, direction: str, dtype, workspace_limit: int) -> bool:
     """Whether the copies fit in the cap (the automatic choice falls back otherwise; 1x1
-    problems make none, only conversions of inputs not in float32, counted as if made)."""
-    if pointwise_spec(spec) or strided_pointwise(spec) is not None:
+    problems and 1-D rows make none, only conversions of inputs not in float32, counted as
+    if made)."""
+    if (pointwise_spec(spec) or strided_pointwise(spec) is not None
+            or (direction != "bwd_weights" and line_spec(spec))):
         return 4 * (math.prod(spec.src_shape) + math.prod(spec.dst_shape)) <= workspace_limit
     return _workspace(spec, direction) <= workspace_limit
 
@@ -194,6 +196,17 @@ def _check(spec: ConvSpec, direction: str, workspace_limit: int) -> None:
         raise WorkspaceError(
             f"{direction}: the workspace limit ({workspace_limit} bytes) is too small for the channels-last "
             f"copies of problem {spec} ({need} bytes); raise it with convgrad.set_workspace_limit()")
+
+
+def _check_conversions(spec: ConvSpec, direction: str, workspace_limit: int, *arrays: np.ndarray,
+                       extra: int = 0) -> None:
+    """Raise unless float32 copies of the ``arrays`` not in float32, plus ``extra`` bytes of
+    buffers, fit in the cap (the paths that read the NCX arrays in place)."""
+    need = extra + 4 * sum(a.size for a in arrays if a.dtype != np.float32)
+    if need > workspace_limit:
+        raise WorkspaceError(
+            f"{direction}: the workspace limit ({workspace_limit} bytes) is too small for the converted inputs "
+            f"and buffers of problem {spec} ({need} bytes); raise it with convgrad.set_workspace_limit()")
 
 
 def _f32(arr: np.ndarray) -> np.ndarray:
@@ -244,6 +257,16 @@ def _from_channels_last(ycl: np.ndarray, shape: tuple[int, ...], groups: int, og
     block = -(-COPY_RUN // w)
     run_each(lambda b: jit.from_channels_last(ycl, y, b[0], b[1], groups, og, ogp, block), _cuts(n * rows, parts), parts)
     return y.reshape(shape)
+
+
+def _input_channels_last(spec: ConvSpec, x: np.ndarray):
+    """The sizes both channels-last paths use (groups, C_in and C_out per group, C_out per
+    group padded to the lanes, taps, threads, Wp) and the input copied channels-last."""
+    g, cg, og = spec.groups, spec.icg, spec.ocg
+    workers = _workers(spec)
+    wp, pad = _last_axis(spec)
+    xcl = _to_channels_last(_f32(x), g, cg, cg, wp, pad, workers, "blocked_x")
+    return g, cg, og, _padded(og, _lanes()[0]), math.prod(spec.kernel), workers, wp, xcl
 
 
 def _block_view(blk: np.ndarray, b: int, groups: int, cg: int, ogp: int, obw: int, t: int):
@@ -302,12 +325,7 @@ def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspac
     _check(fspec, direction, workspace_limit)
     jit = _jit()
     lanes, r_max, obw = _lanes()
-    g, cg, og = fspec.groups, fspec.icg, fspec.ocg
-    ogp = _padded(og, lanes)
-    t = math.prod(fspec.kernel)
-    workers = _workers(fspec)
-    wp, pad = _last_axis(fspec)
-    xcl = _to_channels_last(_f32(x), g, cg, cg, wp, pad, workers, "blocked_x")
+    g, cg, og, ogp, t, workers, wp, xcl = _input_channels_last(fspec, x)
     blk = _scratch("blocked_w", (g * t * cg * ogp,), np.float32)
     _weight_blocks(_f32(w).reshape(w.shape[0], w.shape[1], t), blk, g, og, cg, ogp, obw, flip, workers)
     rows_src = math.prod(fspec.src[:-1])
@@ -335,11 +353,7 @@ def _pointwise(spec: ConvSpec, a: np.ndarray, b: np.ndarray, transposed: bool, w
 
     Positions are the vector lanes; no copy is made (the converted inputs are the only
     workspace)."""
-    need = 4 * ((a.size if a.dtype != np.float32 else 0) + (b.size if b.dtype != np.float32 else 0))
-    if need > workspace_limit:
-        raise WorkspaceError(
-            f"{direction}: the workspace limit ({workspace_limit} bytes) is too small for the converted inputs "
-            f"of problem {spec} ({need} bytes); raise it with convgrad.set_workspace_limit()")
+    _check_conversions(spec, direction, workspace_limit, a, b)
     jit = _jit()
     lanes, r_max, obw = _lanes()
     g = spec.groups
@@ -376,12 +390,7 @@ def _line(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspace_l
     t, d, pb = fspec.kernel[0], fspec.dilations[0], fspec.pads_begin[0]
     halo = (t - 1) * d
     pblk = max(c.ob_max * c.lanes, min(1 << 14, POINTWISE_BLOCK_BYTES // (4 * k)))
-    need = 4 * (k * (pblk + halo) * threads.get_num_threads() + (x.size if x.dtype != np.float32 else 0)
-                + (w.size if w.dtype != np.float32 else 0))
-    if need > workspace_limit:
-        raise WorkspaceError(
-            f"{direction}: the workspace limit ({workspace_limit} bytes) is too small for problem {fspec} "
-            f"({need} bytes); raise it with convgrad.set_workspace_limit()")
+    _check_conversions(fspec, direction, workspace_limit, x, w, extra=4 * k * (pblk + halo) * threads.get_num_threads())
     x, w = _f32(x), _f32(w)
     y = np.empty(fspec.dst_shape, dtype=np.float32)
     geo = np.array((g, m, k, t, d, pb, fspec.src[0], fspec.dst[0], int(flip), pblk), dtype=np.int64)
@@ -426,11 +435,7 @@ def _pointwise_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, wo
     """The 1x1 weight gradient on the NCX arrays: each (output, input) channel pair is a
     sum along both rows' positions, computed in vector lanes (``dotkernel``) over blocks of
     positions that stay in cache for every tile of a thread; threads split the tiles."""
-    need = 4 * ((src.size if src.dtype != np.float32 else 0) + (diff_dst.size if diff_dst.dtype != np.float32 else 0))
-    if need > workspace_limit:
-        raise WorkspaceError(
-            f"bwd_weights: the workspace limit ({workspace_limit} bytes) is too small for the converted inputs "
-            f"of problem {spec} ({need} bytes); raise it with convgrad.set_workspace_limit()")
+    _check_conversions(spec, "bwd_weights", workspace_limit, src, diff_dst)
     jit = _jit()
     c = _ukernel.compiled()
     g, cg, og = spec.groups, spec.icg, spec.ocg
@@ -456,12 +461,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     _check(spec, "bwd_weights", workspace_limit)
     jit = _jit()
     lanes, r_max, obw = _lanes()
-    g, cg, og = spec.groups, spec.icg, spec.ocg
-    ogp = _padded(og, lanes)
-    t = math.prod(spec.kernel)
-    workers = _workers(spec)
-    wp, pad = _last_axis(spec)
-    xcl = _to_channels_last(_f32(src), g, cg, cg, wp, pad, workers, "blocked_x")
+    g, cg, og, ogp, t, workers, wp, xcl = _input_channels_last(spec, src)
     wout = spec.dst[-1]
     dycl = _to_channels_last(_f32(diff_dst), g, og, ogp, wout, 0, workers, "blocked_y")
     rows_src = math.prod(spec.src[:-1])
