@@ -390,7 +390,12 @@ def blocked_pays(spec: ConvSpec, direction: str) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
-    if spec.icg < 2 or not blocked.eligible(spec, direction) or blocked.vector_bits() < 512:
+    # the host check last: it compiles the micro-kernels (~0.4 s) on its first call
+    return _blocked_rule(spec, direction) and blocked.vector_bits() >= 512
+
+
+def _blocked_rule(spec: ConvSpec, direction: str) -> bool:
+    if spec.icg < 2 or not blocked.eligible(spec, direction):
         return False
     if direction != "bwd_weights" and blocked.line_spec(spec):
         return (spec.icg if direction == "bwd_data" else spec.ocg) >= BLOCKED_LINE_MIN_ROWS
