@@ -106,15 +106,92 @@ def _random_spec(rng, nsp, wide=False):
             return _spec(int(rng.choice([1, 2, 3])), icg * g, ocg * g, g, src, k, s, d, pb, pe)
 
 
+# The weight gradient's two schedules (``blocked._weight_parts``): "whole" copies both
+# arrays channels-last once and splits the tiles between threads; "streamed" cuts the rows
+# into parts with their own partial sums, copying chunk by chunk (rows cut into segments:
+# test_blocked_weight_gradient_segments).
+WEIGHT_SCHEDULES = {"default": {}, "whole": {"WEIGHT_PARTS_BYTES": 0},
+                    "streamed": {"WEIGHT_PARTS": 2}}
+
+
 @needs_blocked
 @pytest.mark.parametrize("nsp", [1, 2, 3])
 @pytest.mark.parametrize("wide", [False, True])
-def test_blocked_matches_reference_random(nsp, wide):
+@pytest.mark.parametrize("schedule", list(WEIGHT_SCHEDULES))
+def test_blocked_matches_reference_random(nsp, wide, schedule, monkeypatch):
     """Random problems: strides, dilations, asymmetric pads, groups, non-square kernels,
-    channel counts on both sides of the lanes and of the register tile."""
+    channel counts on both sides of the lanes and of the register tile; the weight
+    gradient on each of its schedules."""
+    for name, value in WEIGHT_SCHEDULES[schedule].items():
+        monkeypatch.setattr(blocked, name, value)
     rng = np.random.default_rng(700 + 10 * nsp + wide)
+    streamed = 0
     for _ in range(10):
-        _check(_random_spec(rng, nsp, wide), rng, tag="random")
+        spec = _random_spec(rng, nsp, wide)
+        streamed += blocked._weight_parts(spec)[0] > 0
+        _check(spec, rng, tag="random")
+    if schedule == "whole":
+        assert streamed == 0
+    elif schedule != "default":
+        assert streamed >= 3, streamed
+
+
+@needs_blocked
+def test_blocked_weight_gradient_segments(monkeypatch):
+    """Rows cut into segments (of one vector of positions here): the input cells of each
+    segment, the padding at both ends, strides and dilations along the cut axis, the last
+    segment shorter, on 1-3 axes."""
+    monkeypatch.setattr(blocked, "WEIGHT_PARTS", 3)
+    monkeypatch.setattr(blocked, "ROW_CHUNK_BYTES", 1)
+    rng = np.random.default_rng(16)
+    for spec in (_spec(2, 5, 20, 1, (103,), (4,), (1,), (2,), (3,), (1,)),
+                 _spec(1, 6, 9, 3, (4, 75), (2, 3), (1, 2), (1, 1), (1, 2), (0, 1)),
+                 _spec(1, 4, 34, 1, (3, 4, 130), (2, 1, 5), (1, 1, 3), (1, 1, 1), (0, 1, 2), (1, 0, 0))):
+        parts, rows, nseg, seg = blocked._weight_parts(spec)
+        assert parts == 3 and rows == 1 and nseg >= 3 and spec.dst[-1] % seg, (spec, nseg, seg)
+        _check(spec, rng, tag="segments")
+
+
+def test_weight_gradient_schedule_is_pure_and_sized():
+    """The streamed schedule for small weights over many rows (first layers), with long
+    rows cut into segments that fit the chunk; whole copies for large weights and for
+    fewer chunks than parts. Sizes depend on the problem only."""
+    first = _spec(4, 3, 64, 1, (224, 224), (7, 7), (2, 2), (1, 1), (3, 3), (2, 2))
+    parts, rows, nseg, seg = blocked._weight_parts(first)
+    assert (parts, nseg, seg) == (blocked.WEIGHT_PARTS, 1, 112) and 1 <= rows <= 4 * 112 // parts
+    assert blocked._weight_parts(first) == (parts, rows, nseg, seg)
+    wavenet = _spec(1, 32, 32, 1, (84350,), (2,), (1,), (1,), (0,), (0,))
+    parts, rows, nseg, seg = blocked._weight_parts(wavenet)
+    assert parts == blocked.WEIGHT_PARTS and rows == 1 and nseg == -(-84349 // seg) and seg % 16 == 0
+    assert seg * 4 * (32 + 32) <= blocked.ROW_CHUNK_BYTES
+    deep = _spec(4, 512, 512, 1, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    assert blocked._weight_parts(deep) == (0, 0, 0, 0)
+    few = _spec(1, 8, 16, 1, (5, 6), (3, 3), (1, 1), (1, 1), (0, 0), (0, 0))      # 3 rows of 4
+    assert blocked._weight_parts(few) == (0, 0, 0, 0)
+
+
+@needs_blocked
+@pytest.mark.parametrize("lanes", [_ukernel.LANES_AVX512, _ukernel.LANES_AVX2])
+def test_transpose_kernel(lanes):
+    """The compiled block transpose: every count of rows, columns and zero-filled lanes;
+    nothing outside the block is read or written (the guard values stay)."""
+    import ctypes
+    host = _ukernel._features()
+    if lanes == _ukernel.LANES_AVX512 and host[2] != lanes:
+        pytest.skip("this CPU has no AVX-512")          # the AVX2 build runs on every host here
+    built = _ukernel.compiled() if host[2] == lanes else _ukernel.Compiled(host[0], host[1], lanes)
+    call = ctypes.CFUNCTYPE(None, *([ctypes.c_int64] * 7))(built.transpose_address)
+    rng = np.random.default_rng(15)
+    for nr in range(lanes + 1):
+        for nc in range(lanes + 1):
+            for sl in sorted({nr, lanes, max(nr, 3)}):
+                src = rng.standard_normal((lanes + 2, 41)).astype(np.float32)
+                dst = np.full((lanes + 2, 29), 7.0, np.float32)
+                call(src.ctypes.data + 4 * 3, 41, dst.ctypes.data + 4 * 2, 29, nr, nc, sl)
+                want = np.full_like(dst, 7.0)
+                want[:nc, 2:2 + sl] = 0.0
+                want[:nc, 2:2 + nr] = src[:nr, 3:3 + nc].T
+                assert np.array_equal(dst, want), (nr, nc, sl)
 
 
 @needs_blocked
@@ -168,7 +245,9 @@ def test_blocked_lines(monkeypatch, rules_of_a_512_bit_host):
     assert not blocked.line_spec(big)
     wavenet = _spec(8, 32, 32, 1, (10543,), (2,), (1,), (1,), (0,), (0,))
     assert cg.choose_algorithm(wavenet, "fwd") == cg.choose_algorithm(wavenet, "bwd_data") == "blocked"
-    assert cg.choose_algorithm(wavenet, "bwd_weights") != "blocked"
+    # the weight gradient streams channels-last chunks (no 1-D special case)
+    assert cg.choose_algorithm(wavenet, "bwd_weights") == "blocked"
+    assert blocked._weight_parts(wavenet)[0] == blocked.WEIGHT_PARTS
 
 
 @needs_blocked
@@ -234,9 +313,13 @@ def test_blocked_256_bit_build(monkeypatch):
 def test_micro_kernel_ir_is_pure_and_complete():
     """One entry point, one variant per (R, OB) of the tile, for both widths."""
     for lanes, (r_max, ob_max) in _ukernel.TILES.items():
-        text = _ukernel.module_ir(lanes, r_max, ob_max)
-        assert text == _ukernel.module_ir(lanes, r_max, ob_max)
-        assert text.count("define internal void @uk_") == r_max * ob_max
+        text = _ukernel.module_ir(lanes)
+        assert text == _ukernel.module_ir(lanes)
+        limits = _ukernel.r_limits(lanes)
+        assert len(limits) == ob_max and min(limits) >= r_max and limits[0] == _ukernel.R_TALL
+        assert text.count("define internal void @uk_") == sum(limits)
+        regs = _ukernel.REGISTERS[lanes]
+        assert all(r * ob + ob + 1 <= regs for ob, r in enumerate(limits, 1))
         assert f"<{lanes} x float>" in text and "define void @ukernel(" in text
         dr, dj = _ukernel.DOT_TILES[lanes]
         assert text.count("define internal void @dk_") == dr * dj and "define void @dotkernel(" in text
@@ -309,9 +392,9 @@ def test_blocked_against_pytorch(rules_of_a_512_bit_host):
 
 @needs_blocked
 def test_blocked_dispatch_rule(rules_of_a_512_bit_host):
-    """``blocked`` is chosen for float32 multi-tap layers with at least 32 lane channels,
-    enough work per copied element and weights not much larger than the activations
-    (measured, dispatch.py); the other kernels keep the rest."""
+    """``blocked`` is chosen for float32 multi-tap layers with at least 32 lane channels
+    (16 for the weight gradient), enough work per copied element and weights not much
+    larger than the activations (measured, dispatch.py); the other kernels keep the rest."""
     resnet = _spec(4, 64, 64, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
     unet = _spec(1, 32, 64, 1, (19, 22, 22), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
     strided = _spec(4, 128, 128, 1, (56, 56), (3, 3), (2, 2), (1, 1), (1, 1), (1, 1))
@@ -331,8 +414,15 @@ def test_blocked_dispatch_rule(rules_of_a_512_bit_host):
     vgg = _spec(2, 3, 64, 1, (224, 224), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))            # 26 macs per element
     heavy = _spec(1, 256, 512, 1, (6, 7, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))   # weights 28x
     for d in dispatch.DIRECTIONS:
-        for spec in (small_pointwise, narrow, vgg, heavy):
+        for spec in (small_pointwise, heavy):
             assert not dispatch.blocked_pays(spec, d), (str(spec), d)
+    # the weight gradient streams its copies: 16 lanes and 16 macs per element suffice
+    for spec in (narrow, vgg):
+        assert dispatch.blocked_pays(spec, "bwd_weights"), str(spec)
+        assert not dispatch.blocked_pays(spec, "fwd") and not dispatch.blocked_pays(spec, "bwd_data"), str(spec)
+    eight = _spec(8, 3, 8, 1, (128, 128), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))            # half a vector
+    thin_1d = _spec(16, 3, 16, 1, (4000,), (3,), (1,), (1,), (1,), (1,))                    # 7.6 macs per element
+    assert not dispatch.blocked_pays(eight, "bwd_weights") and not dispatch.blocked_pays(thin_1d, "bwd_weights")
     assert dispatch.blocked_pays(pointwise, "bwd_weights")
     wide_pointwise = _spec(8, 128, 128, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
     assert not dispatch.blocked_pays(wide_pointwise, "bwd_weights") and dispatch.blocked_pays(wide_pointwise, "fwd")

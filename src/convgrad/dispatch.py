@@ -365,19 +365,27 @@ def thin_pays(spec: ConvSpec, direction: str) -> bool:
 #    1.7 / 2.9; 1.5 / 3.1, 1.7 / 3.1 against the thin kernel; 64 ch k3 1.6 / 2.3 (both);
 #  - the micro-kernels run 512-bit vectors (``blocked.vector_bits``): the 256-bit build
 #    (AVX2 hosts) is correct but was not measured against the other kernels there.
+#  - the weight gradient streams its copies chunk by chunk through cache where the weights
+#    are small (``blocked._weight_parts``), so it pays from 16 output channels and 16
+#    multiply-adds per element (ms, blocked / the previous choice): mobilenet conv1 (3 -> 32,
+#    3x3 s2, 20 per element) mb8 2.2 / 4.1, mb32 9.6 / 16.2; 3 -> 16 3x3 s2 mb8 1.7 / 3.1;
+#    8 -> 32 2x2 s2 (16) 0.9 / 2.2; VGG conv1 3.0 / 3.3; 3d_unet conv_1 6.1 / 8.1; 1-D 3 -> 32
+#    k7 (19) 0.9 / 1.1; wavenet 32 ch k2 (32) 2.3 / 2.9, 2.6 / 3.4, 2.3 / 3.2, 2.4 / 3.4;
+#    1-D 64 ch k3 2.1 / 5.7; 16 ch 3x3 64^2 1.2 / 1.5, 128^2 2.1 / 2.3; but 8 output
+#    channels (half a vector) lose: 3 -> 8 3x3 128^2 1.5 / 1.1, groups of 8 0.9 / 1.2.
 # Where it is chosen: res2a_branch2b (64 ch 56^2 mb4) 4.0 / 4.7, 3.9 / 5.2, 4.5 / 8.2;
 # res3a_branch2b 3.5 / 4.3, 3.5 / 4.8, 4.1 / 6.7; res4a_branch2b (ratio 1.5) 3.6 / 3.9,
 # 3.6 / 4.4, 3.8 / 4.2; 3d_unet conv_3 (64 ch 16x18x18) 3.5 / 6.1, 3.5 / 6.2, 4.0 / 7.5;
 # conv_2 (32 -> 64) 2.9 / 5.0, 3.6 / 6.1, 3.8 / 6.4; conv_5 (128 ch 11^3) 3.3 / 3.9, 3.6 /
 # 4.4, 2.8 / 4.0; 48 ch 3x3 56^2 2.4 / 3.4, 2.4 / 3.4, 2.7 / 3.6.
-BLOCKED_MIN_LANE_CHANNELS = 32
+BLOCKED_MIN_LANE_CHANNELS = {"fwd": 32, "bwd_data": 32, "bwd_weights": 16}
 BLOCKED_POINTWISE_MIN_POSITIONS = 2048
 BLOCKED_POINTWISE_MIN_ROWS = 64
 BLOCKED_POINTWISE_WEIGHTS_MAX_CHANNELS = 192
 BLOCKED_STRIDED_POINTWISE_MIN_POSITIONS = 512
 BLOCKED_STRIDED_POINTWISE_MAX_REDUCTION = 512
 BLOCKED_LINE_MIN_ROWS = 16
-BLOCKED_MIN_INTENSITY = 100
+BLOCKED_MIN_INTENSITY = {"fwd": 100, "bwd_data": 100, "bwd_weights": 16}
 BLOCKED_MAX_WEIGHT_RATIO = {"fwd": 4, "bwd_data": 12, "bwd_weights": 4}
 
 
@@ -410,12 +418,12 @@ def _blocked_rule(spec: ConvSpec, direction: str) -> bool:
             return spec.icg + spec.ocg <= BLOCKED_POINTWISE_WEIGHTS_MAX_CHANNELS
         return (spec.icg if direction == "bwd_data" else spec.ocg) >= BLOCKED_POINTWISE_MIN_ROWS
     lanes = spec.icg if direction == "bwd_data" else spec.ocg
-    if lanes < BLOCKED_MIN_LANE_CHANNELS:
+    if lanes < BLOCKED_MIN_LANE_CHANNELS[direction]:
         return False
     src = spec.mb * spec.ic * _prod(spec.src)
     dst = spec.mb * spec.oc * _prod(spec.dst)
     macs = spec.flops // 2
-    if macs < BLOCKED_MIN_INTENSITY * (src + dst):
+    if macs < BLOCKED_MIN_INTENSITY[direction] * (src + dst):
         return False
     return _prod(spec.weights_shape) <= BLOCKED_MAX_WEIGHT_RATIO[direction] * (src + dst)
 

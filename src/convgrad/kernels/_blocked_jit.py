@@ -41,58 +41,63 @@ def _ukernel(typingctx, addr, R, OB, a, b, y, aoff, boff, ntaps, K, a_rs, a_ks, 
     return _indirect_call(NARGS)
 
 
+@intrinsic
+def _transpose(typingctx, addr, src, src_rs, dst, dst_rs, nr, nc, sl):
+    return _indirect_call(7)
+
+
 @njit(**JIT)
-def to_channels_last(x, out, q0, q1, groups, cg, cgp, pad, block):
-    """``x`` (N, G*cg, rows, W) -> ``out`` (N, rows, Wp, G*cgp), cell ``w`` at ``pad + w``,
-    zero elsewhere; rows ``q0 .. q1`` of all images laid end to end, ``block`` rows of an
-    image at a time (the channel rows of a block are read as they are written, position
-    by position, from cache)."""
+def to_channels_last(x, out, q0, q1, groups, cg, cgp, first, origin, taddr, lanes):
+    """``x`` (N, G*cg, rows, W) -> ``out`` (N, rows, Wp, G*cgp): cell ``j`` of a row holds
+    column ``first + j`` (zero outside ``0 .. W``: ``first = -pad`` puts the padding
+    around a whole row); rows ``q0 .. q1`` of all images laid end to end, flat row ``q``
+    to row ``q - origin`` of ``out`` (a buffer for a few rows: ``origin = q0``). Blocks of
+    ``lanes`` channels x ``lanes`` positions go through the compiled transpose (the
+    channels past ``cg`` of a group written as zeros)."""
     rows, W = x.shape[2], x.shape[3]
     Wp, Cp = out.shape[2], out.shape[3]
-    xf = x.reshape(-1)
     of = out.reshape(-1)
+    xa = x.ctypes.data
+    oa = out.ctypes.data
     plane = rows * W
-    q = q0
-    while q < q1:
-        n, r0 = q // rows, q % rows
-        r1 = min(rows, r0 + block, r0 + q1 - q)
-        for r in range(r0, r1):
-            ob = ((n * rows + r) * Wp) * Cp
-            for i in range(pad * Cp):
-                of[ob + i] = 0.0
-            for i in range((pad + W) * Cp, Wp * Cp):
-                of[ob + i] = 0.0
-            ib = (n * groups * cg * rows + r) * W
-            for w in range(W):
-                o = ob + (pad + w) * Cp
-                for g in range(groups):
-                    for c in range(cg):
-                        of[o + g * cgp + c] = xf[ib + (g * cg + c) * plane + w]
-                    for c in range(cg, cgp):
-                        of[o + g * cgp + c] = 0.0
-        q += r1 - r0
+    j0 = min(Wp, max(0, -first))              # cells j0 .. j1 hold real columns
+    j1 = max(j0, min(Wp, W - first))
+    for q in range(q0, q1):
+        n, r = q // rows, q % rows
+        ob = ((q - origin) * Wp) * Cp
+        for i in range(j0 * Cp):
+            of[ob + i] = 0.0
+        for i in range(j1 * Cp, Wp * Cp):
+            of[ob + i] = 0.0
+        for g in range(groups):
+            for c0 in range(0, cgp, lanes):
+                nr = max(0, min(lanes, cg - c0))
+                src = xa + 4 * ((n * groups * cg + g * cg + c0) * plane + r * W + first)
+                dst = oa + 4 * (ob + g * cgp + c0)
+                for j in range(j0, j1, lanes):
+                    _transpose(taddr, src + 4 * j, plane, dst + 4 * j * Cp, Cp, nr, min(lanes, j1 - j),
+                               min(lanes, cgp - c0))
 
 
 @njit(**JIT)
-def from_channels_last(ycl, y, q0, q1, groups, og, ogp, block):
-    """``ycl`` (N, rows, W, G*ogp) -> ``y`` (N, G*og, rows, W); rows ``q0 .. q1`` of all
-    images laid end to end, ``block`` rows of an image at a time."""
+def from_channels_last(ycl, y, q0, q1, groups, og, ogp, taddr, lanes):
+    """``ycl`` (N, rows, W, G*ogp) -> ``y`` (N, G*og, rows, W), rows ``q0 .. q1`` of all
+    images laid end to end, through the compiled transpose."""
     rows, W = y.shape[2], y.shape[3]
     Cp = groups * ogp
-    yf = y.reshape(-1)
-    cf = ycl.reshape(-1)
+    ca = ycl.ctypes.data
+    ya = y.ctypes.data
     plane = rows * W
-    q = q0
-    while q < q1:
-        n, r0 = q // rows, q % rows
-        r1 = min(rows, r0 + block, r0 + q1 - q)
+    for q in range(q0, q1):
+        n, r = q // rows, q % rows
         for g in range(groups):
-            for o in range(og):
-                yb = (n * groups * og + g * og + o) * plane
-                cb = g * ogp + o
-                for p in range(r0 * W, r1 * W):
-                    yf[yb + p] = cf[(n * plane + p) * Cp + cb]
-        q += r1 - r0
+            for o0 in range(0, og, lanes):
+                nc = min(lanes, og - o0)
+                src = ca + 4 * (q * W * Cp + g * ogp + o0)
+                dst = ya + 4 * ((n * groups * og + g * og + o0) * plane + r * W)
+                for w0 in range(0, W, lanes):
+                    nr = min(lanes, W - w0)
+                    _transpose(taddr, src + 4 * w0 * Cp, Cp, dst + 4 * w0, plane, nr, nc, nr)
 
 
 @njit(**JIT)
@@ -167,57 +172,151 @@ def forward_rows(xcl, wblk, ycl, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, r0, r1,
 
 
 @njit(**JIT)
-def weight_tiles(xcl, dycl, blk, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, i0, i1, addr, r_max, lanes, obw,
-                 chunk_rows):
-    """Tiles ``i0 .. i1`` of the weight gradient into the blocks ``blk`` (module doc).
+def _tile_pass(xa, da, ba, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, i0, i1, q0, q1, x_origin, y_origin, x_w, y_w,
+               K, acc, aoff, boff, addr, rt, lanes, obw):
+    """Tiles ``i0 .. i1`` of the weight gradient over output rows ``q0 .. q1`` (flat over
+    images) and ``K`` positions of each, adding to the blocks at ``ba`` (``acc``) or
+    starting them. The channels-last input rows (``x_w`` cells each) are at ``xa`` from
+    flat input row ``x_origin``, the ``diff_dst`` rows (``y_w`` positions) at ``da`` from
+    ``y_origin``.
 
-    Tile ``i``: group, output-channel block, tap, and ``R`` input channels from ``c0``;
-    its sum runs over the output rows in chunks of ``chunk_rows`` (fixed by the problem),
-    each chunk over the rows whose input row for this tap is real, each row over its
-    ``Wout`` positions: ``dW[t, c, o] += x[row_in, w*sw + kw*dw, c] * dy[row, w, o]``.
-    Every thread walks the same chunks for its own tiles (the chunk's rows stay in cache
-    for all of them), so no element is summed by two threads.
-    """
-    groups, cg, ogp, Wp, Wout, kw_n, sw, dw, rows_dst, rows_src, nrows = (
-        geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], geo[8], geo[9], geo[10])
-    T = blk.shape[0] // (groups * cg * ogp)
+    Tile ``i``: group, output-channel block, tap, and ``R <= rt`` input channels from
+    ``c0``: ``dW[t, c, o] += x[row_in, w*sw + kw*dw, c] * dy[row, w, o]`` over the rows
+    whose input row for this tap is real and their ``Wout`` positions. With ``merged``
+    (one group, no dilation along the last axis) the taps of the last axis join the
+    channels: in a channels-last row the cell of ``(kw, c)`` is ``kw*C + c`` and its block
+    row ``(ko*kw_n + kw)*C + c``, both one step apart from pair to pair, so a tile is ``R``
+    consecutive pairs of one outer tap ``ko`` (few input channels still fill it)."""
+    groups, cg, ogp, kw_n, sw, dw, rows_dst, rows_src, merged = (
+        geo[0], geo[1], geo[2], geo[5], geo[6], geo[7], geo[8], geo[9], geo[11])
+    T = k_o.prod() * kw_n if len(k_o) else kw_n
     C = groups * cg
     nob = (ogp + obw - 1) // obw
-    nct = (cg + r_max - 1) // r_max
+    nv = T // kw_n if merged else T           # tile groups: outer taps, or taps
+    U = kw_n * cg if merged else cg           # rows of a tile group
+    nct = (U + rt - 1) // rt
+    listed = -1                               # the tile group whose row list aoff / boff hold
+    n = 0
+    for i in range(i0, i1):
+        cti = i % nct
+        rest = i // nct
+        v = rest % nv
+        rest //= nv
+        ob0 = (rest % nob) * obw
+        g = rest // nob
+        wbw = min(obw, ogp - ob0)
+        c0 = cti * rt
+        R = min(rt, U - c0)
+        if v != listed:
+            ko = v if merged else v // kw_n
+            shift = 0 if merged else (v % kw_n) * dw * C
+            n = 0
+            for r in range(q0, q1):
+                src_row = _tap_rows(r, rows_dst, dst_o, src_o, k_o, s_o, d_o, pb_o, ko, rows_src)
+                if src_row < 0:
+                    continue
+                aoff[n] = (src_row - x_origin) * x_w * C + shift
+                boff[n] = (r - y_origin) * y_w * groups * ogp
+                n += 1
+            listed = v
+        y = ba + 4 * (g * T * cg * ogp + ob0 * T * cg + (v * U + c0) * wbw)
+        _ukernel(addr, R, wbw // lanes, xa + 4 * (g * cg + c0), da + 4 * (g * ogp + ob0), y, aoff.ctypes.data,
+                 boff.ctypes.data, n, K, 1, sw * C, groups * ogp, wbw, acc, lanes)
+
+
+@njit(**JIT)
+def weight_tiles(xcl, dycl, blk, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, i0, i1, addr, rt, lanes, obw,
+                 chunk_rows):
+    """Tiles ``i0 .. i1`` (``_tile_pass``) of the weight gradient into the blocks ``blk``
+    (module doc), on whole channels-last copies. The sums run over the output rows in
+    chunks of ``chunk_rows`` (fixed by the problem): every thread walks the same chunks for
+    its own tiles (the chunk's rows stay in cache for all of them), so no element is summed
+    by two threads."""
+    Wp, Wout, nrows = geo[3], geo[4], geo[10]
     aoff = np.empty(chunk_rows, np.int64)
     boff = np.empty(chunk_rows, np.int64)
-    xa = xcl.ctypes.data
-    da = dycl.ctypes.data
-    ba = blk.ctypes.data
     for q0 in range(0, nrows, chunk_rows):
         q1 = min(nrows, q0 + chunk_rows)
-        listed = -1                 # the tap whose row list aoff / boff hold
-        n = 0
-        for i in range(i0, i1):
-            cti = i % nct
-            rest = i // nct
-            t = rest % T
-            rest //= T
-            ob0 = (rest % nob) * obw
-            g = rest // nob
-            wbw = min(obw, ogp - ob0)
-            c0 = cti * r_max
-            R = min(r_max, cg - c0)
-            if t != listed:
-                ko = t // kw_n
-                kw = t % kw_n
-                n = 0
-                for r in range(q0, q1):
-                    src_row = _tap_rows(r, rows_dst, dst_o, src_o, k_o, s_o, d_o, pb_o, ko, rows_src)
-                    if src_row < 0:
-                        continue
-                    aoff[n] = src_row * Wp * C + kw * dw * C
-                    boff[n] = r * Wout * groups * ogp
-                    n += 1
-                listed = t
-            y = ba + 4 * (g * T * cg * ogp + ob0 * T * cg + (t * cg + c0) * wbw)
-            _ukernel(addr, R, wbw // lanes, xa + 4 * (g * cg + c0), da + 4 * (g * ogp + ob0), y, aoff.ctypes.data,
-                     boff.ctypes.data, n, Wout, 1, sw * C, groups * ogp, wbw, 1 if q0 > 0 else 0, lanes)
+        _tile_pass(xcl.ctypes.data, dycl.ctypes.data, blk.ctypes.data, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, i0, i1,
+                   q0, q1, 0, 0, Wp, Wout, Wout, 1 if q0 > 0 else 0, aoff, boff, addr, rt, lanes, obw)
+
+
+@njit(**JIT)
+def _chunk(item, end, geo, nseg, seg):
+    """(rows ``q0 .. q1``, positions ``w0 .. w1``, next item) of the chunk of
+    ``weight_parts`` from item ``item`` (items: output rows x segments of ``seg``
+    positions, row-major): one segment of a row where rows are cut, else at most
+    ``chunk_rows`` (``geo[13]``) whole rows, within the part (``end``) and one image."""
+    rows_dst, Wout, chunk_rows = geo[8], geo[4], geo[13]
+    q0 = item // nseg
+    if nseg > 1:
+        w0 = (item % nseg) * seg
+        return q0, q0 + 1, w0, min(Wout, w0 + seg), item + 1
+    q1 = min(end, q0 + chunk_rows, (q0 // rows_dst + 1) * rows_dst)
+    return q0, q1, 0, Wout, q1
+
+
+@njit(**JIT)
+def _input_span(q, q1, geo, dst_o, src_o, k_o, s_o, d_o, pb_o):
+    """(first, last + 1) flat input rows that output rows ``q .. q1`` read; first = last + 1
+    where every tap falls in the padding."""
+    rows_dst, rows_src = geo[8], geo[9]
+    kouter = k_o.prod() if len(k_o) else 1
+    lo = 1 << 62
+    hi = -1
+    for r in range(q, q1):
+        for ko in range(kouter):
+            s = _tap_rows(r, rows_dst, dst_o, src_o, k_o, s_o, d_o, pb_o, ko, rows_src)
+            if s >= 0:
+                lo = min(lo, s)
+                hi = max(hi, s)
+    return (lo, hi + 1) if hi >= 0 else (0, 0)
+
+
+@njit(**JIT)
+def part_input_rows(geo, dst_o, src_o, k_o, s_o, d_o, pb_o, nparts, nseg, seg):
+    """The most input rows any chunk of ``weight_parts`` reads (its buffer's size)."""
+    items = geo[10] * nseg
+    most = 0
+    for p in range(nparts):
+        item = items * p // nparts
+        end = items * (p + 1) // nparts
+        while item < end:
+            q0, q1, w0, w1, item = _chunk(item, end, geo, nseg, seg)
+            lo, hi = _input_span(q0, q1, geo, dst_o, src_o, k_o, s_o, d_o, pb_o)
+            most = max(most, hi - lo)
+    return most
+
+
+@njit(**JIT)
+def weight_parts(x4, dy4, parts, xbuf, ybuf, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, p0, p1, nparts, nseg, seg, pad,
+                 addr, rt, lanes, obw, tiles, taddr):
+    """Parts ``p0 .. p1`` of the weight gradient streamed from the NCX arrays: part ``p``
+    (``nparts``, fixed by the problem) sums the items ``items*p/nparts ..`` (output rows x
+    segments of ``seg`` positions) into its own blocks ``parts[p]``. Chunk after chunk
+    (``_chunk``), the chunk's ``diff_dst`` cells and the input cells they read are copied
+    channels-last into the small buffers ``ybuf`` / ``xbuf`` (cache-resident: no
+    whole-array copy goes through memory), then every tile sums over them."""
+    groups, cg, ogp, og, nrows, sw = geo[0], geo[1], geo[2], geo[12], geo[10], geo[6]
+    chunk_rows = geo[13]
+    aoff = np.empty(chunk_rows, np.int64)
+    boff = np.empty(chunk_rows, np.int64)
+    items = nrows * nseg
+    x_w, y_w = xbuf.shape[2], ybuf.shape[2]
+    for p in range(p0, p1):
+        item = items * p // nparts
+        end = items * (p + 1) // nparts
+        acc = 0
+        pa = parts[p].ctypes.data
+        while item < end:
+            q0, q1, w0, w1, item = _chunk(item, end, geo, nseg, seg)
+            lo, hi = _input_span(q0, q1, geo, dst_o, src_o, k_o, s_o, d_o, pb_o)
+            if hi > lo:
+                to_channels_last(x4, xbuf, lo, hi, groups, cg, cg, w0 * sw - pad, lo, taddr, lanes)
+            to_channels_last(dy4, ybuf, q0, q1, groups, og, ogp, w0, q0, taddr, lanes)
+            _tile_pass(xbuf.ctypes.data, ybuf.ctypes.data, pa, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, 0, tiles,
+                       q0, q1, lo, q0, x_w, y_w, w1 - w0, acc, aoff, boff, addr, rt, lanes, obw)
+            acc = 1
 
 
 @njit(**JIT)

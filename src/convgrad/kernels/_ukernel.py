@@ -31,7 +31,7 @@ positions, as in the NCX arrays' rows; the 1x1 weight gradient)::
 
 for r < R and j < J, reached through ``dotkernel(R, J, ...)``.
 
-Variants for every ``1 <= R <= R_MAX`` and ``1 <= OB <= OB_MAX`` are reached through one
+Variants for every ``1 <= OB <= OB_MAX`` and ``1 <= R <= r_limits(V)[OB - 1]`` are reached through one
 entry point, ``ukernel(R, OB, ...)``, whose address the numba drivers call
 (``_blocked_jit.py``). Arguments are 64-bit integers, addresses included. Compiling all
 variants takes about 0.4 s, once per process, on first use.
@@ -48,9 +48,15 @@ LANES_AVX2 = 8
 # (R_MAX, OB_MAX): R*OB accumulators + OB loaded vectors + 1 broadcast must fit the 32
 # (AVX-512) or 16 (AVX2) vector registers: 6 x 4 + 4 + 1 = 29, 4 x 3 + 3 + 1 = 16.
 TILES = {LANES_AVX512: (6, 4), LANES_AVX2: (4, 3)}
+# Vector registers of each width, and the most rows any variant has: with fewer vectors per
+# row a tile can have more rows (``r_limits``: 12 x 2 of 16 lanes, 24 accumulators), for
+# the weight gradient's tiles whose rows run over (tap, channel) pairs.
+REGISTERS = {LANES_AVX512: 32, LANES_AVX2: 16}
+R_TALL = 12
 # (R_MAX, J_MAX) of the lane-sum family: R*J accumulators + R loaded vectors + 1.
 DOT_TILES = {LANES_AVX512: (4, 6), LANES_AVX2: (3, 3)}
 DOT_NARGS = 7   # a, b, y, npos, a_rs, b_rs, y_rs
+TRANSPOSE_NARGS = 7   # src, src_rs, dst, dst_rs, nr, nc, sl
 NARGS = 13      # a, b, y, aoff, boff, ntaps, K, a_rs, a_ks, b_ks, y_rs, acc, tail
 
 
@@ -74,6 +80,14 @@ def _features() -> tuple[str, str, int] | None:
     else:
         return None
     return llvm.get_host_cpu_name(), feats.flatten(), lanes
+
+
+def r_limits(V: int) -> tuple[int, ...]:
+    """The most rows ``R`` of a variant with ``OB`` vectors per row, for ``OB = 1 ..
+    OB_MAX`` (pure): ``R*OB`` accumulators + ``OB`` loaded vectors + 1 broadcast fit the
+    registers, at least ``R_MAX`` and at most ``R_TALL`` rows."""
+    r_max, ob_max = TILES[V]
+    return tuple(max(r_max, min(R_TALL, (REGISTERS[V] - ob - 1) // ob)) for ob in range(1, ob_max + 1))
 
 
 def _vector_load(dst: str, ptr: str, V: int, masked: bool) -> str:
@@ -257,39 +271,92 @@ def _dot_variant_ir(name: str, R: int, J: int, V: int) -> str:
     return "\n".join(L)
 
 
-def _entry_ir(name: str, variant: str, r_max: int, j_max: int, nargs: int) -> str:
+def transpose_ir(name: str, V: int) -> str:
+    """IR of ``name(src, src_rs, dst, dst_rs, nr, nc, sl)``: the ``V x V`` block transposed,
+    ``dst[j*dst_rs + i] = src[i*src_rs + j]`` for ``j < nc`` and ``i < sl``, zero for
+    ``nr <= i < sl`` (the zero lanes of padded channels); nothing else is read or written.
+    ``V`` rows are loaded (masked), then ``log2 V`` stages each swap one bit of the row
+    index with the same bit of the column index (two two-source shuffles per pair of rows:
+    one instruction each on AVX-512 and AVX2), then ``V`` rows are stored (masked)."""
+    vt = f"<{V} x float>"
+    mt = f"<{V} x i1>"
+    L: list[str] = []
+    a = L.append
+    a(f"define void @{name}(i64 %srca, i64 %src_rs, i64 %dsta, i64 %dst_rs, i64 %nr, i64 %nc, i64 %sl) #0 {{")
+    a("entry:")
+    a("  %src = inttoptr i64 %srca to ptr")
+    a("  %dst = inttoptr i64 %dsta to ptr")
+    lanes = ", ".join(f"i32 {i}" for i in range(V))
+    for m in ("nc", "sl"):
+        a(f"  %{m}32 = trunc i64 %{m} to i32")
+        a(f"  %{m}v.0 = insertelement <{V} x i32> poison, i32 %{m}32, i64 0")
+        a(f"  %{m}v = shufflevector <{V} x i32> %{m}v.0, <{V} x i32> poison, <{V} x i32> zeroinitializer")
+        a(f"  %{m}m = icmp slt <{V} x i32> <{lanes}>, %{m}v")
+    for i in range(V):
+        a(f"  %in{i} = icmp sgt i64 %nr, {i}")
+        a(f"  %lm{i} = select i1 %in{i}, {mt} %ncm, {mt} zeroinitializer")
+        a(f"  %lo{i} = mul i64 %src_rs, {i}")
+        a(f"  %lp{i} = getelementptr float, ptr %src, i64 %lo{i}")
+        a(f"  %r0_{i} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %lp{i}, i32 4, {mt} %lm{i}, {vt} zeroinitializer)")
+    stage, bit = 0, 1
+    while bit < V:
+        lo = ", ".join(f"i32 {j if not j & bit else V + (j ^ bit)}" for j in range(V))
+        hi = ", ".join(f"i32 {j | bit if not j & bit else V + j}" for j in range(V))
+        for i in range(V):
+            if i & bit:
+                continue
+            src_a, src_b = f"%r{stage}_{i}", f"%r{stage}_{i | bit}"
+            a(f"  %r{stage + 1}_{i} = shufflevector {vt} {src_a}, {vt} {src_b}, <{V} x i32> <{lo}>")
+            a(f"  %r{stage + 1}_{i | bit} = shufflevector {vt} {src_a}, {vt} {src_b}, <{V} x i32> <{hi}>")
+        stage, bit = stage + 1, bit * 2
+    for j in range(V):
+        a(f"  %out{j} = icmp sgt i64 %nc, {j}")
+        a(f"  %sm{j} = select i1 %out{j}, {mt} %slm, {mt} zeroinitializer")
+        a(f"  %so{j} = mul i64 %dst_rs, {j}")
+        a(f"  %sp{j} = getelementptr float, ptr %dst, i64 %so{j}")
+        a(f"  call void @llvm.masked.store.v{V}f32.p0({vt} %r{stage}_{j}, ptr %sp{j}, i32 4, {mt} %sm{j})")
+    a("  ret void")
+    a("}")
+    return "\n".join(L)
+
+
+def _entry_ir(name: str, variant: str, shapes: list[tuple[int, int]], nargs: int) -> str:
     args = ", ".join(f"i64 %x{i}" for i in range(nargs))
     out = [f"define void @{name}(i64 %R, i64 %OB, {args}) #0 {{", "entry:",
            "  %hi = mul i64 %R, 64", "  %key = add i64 %hi, %OB", "  switch i64 %key, label %done ["]
-    out += [f"    i64 {R * 64 + OB}, label %c{R}_{OB}" for R in range(1, r_max + 1) for OB in range(1, j_max + 1)]
+    out += [f"    i64 {R * 64 + OB}, label %c{R}_{OB}" for R, OB in shapes]
     out.append("  ]")
-    for R in range(1, r_max + 1):
-        for OB in range(1, j_max + 1):
-            out += [f"c{R}_{OB}:", f"  call void @{variant}_{R}_{OB}({args})", "  br label %done"]
+    for R, OB in shapes:
+        out += [f"c{R}_{OB}:", f"  call void @{variant}_{R}_{OB}({args})", "  br label %done"]
     out += ["done:", "  ret void", "}"]
     return "\n".join(out)
 
 
-def module_ir(V: int, r_max: int, ob_max: int) -> str:
-    """The IR of every variant and of the ``ukernel(R, OB, ...)`` and ``dotkernel(R, J, ...)``
-    entry points (pure)."""
+def module_ir(V: int) -> str:
+    """The IR of every variant (``R <= r_limits(V)[OB - 1]``) and of the ``ukernel(R, OB,
+    ...)`` and ``dotkernel(R, J, ...)`` entry points (pure)."""
     vt = f"<{V} x float>"
     parts = [f"declare {vt} @llvm.fma.v{V}f32({vt}, {vt}, {vt})\n"
              f"declare {vt} @llvm.masked.load.v{V}f32.p0(ptr, i32, <{V} x i1>, {vt})\n"
              f"declare void @llvm.masked.store.v{V}f32.p0({vt}, ptr, i32, <{V} x i1>)"]
-    parts += [_variant_ir(f"uk_{R}_{OB}", R, OB, V) for R in range(1, r_max + 1) for OB in range(1, ob_max + 1)]
-    parts.append(_entry_ir("ukernel", "uk", r_max, ob_max, NARGS))
+    shapes = [(R, OB) for OB, top in enumerate(r_limits(V), 1) for R in range(1, top + 1)]
+    parts += [_variant_ir(f"uk_{R}_{OB}", R, OB, V) for R, OB in shapes]
+    parts.append(_entry_ir("ukernel", "uk", shapes, NARGS))
     dr, dj = DOT_TILES[V]
-    parts += [_dot_variant_ir(f"dk_{R}_{J}", R, J, V) for R in range(1, dr + 1) for J in range(1, dj + 1)]
-    parts.append(_entry_ir("dotkernel", "dk", dr, dj, DOT_NARGS))
+    dots = [(R, J) for R in range(1, dr + 1) for J in range(1, dj + 1)]
+    parts += [_dot_variant_ir(f"dk_{R}_{J}", R, J, V) for R, J in dots]
+    parts.append(_entry_ir("dotkernel", "dk", dots, DOT_NARGS))
+    parts.append(transpose_ir("transpose", V))
     parts.append(f'attributes #0 = {{ nounwind "min-legal-vector-width"="{V * 32}" }}')
     return "\n\n".join(parts) + "\n"
 
 
 class Compiled:
-    """The compiled module of this host: ``address`` of ``ukernel``, ``lanes`` (V) and
-    the largest tile ``(r_max, ob_max)``; ``dot_address`` of ``dotkernel`` and its largest
-    tile ``(dot_r_max, dot_j_max)``. Holds the execution engine (the code lives as
+    """The compiled module of this host: ``address`` of ``ukernel``, ``lanes`` (V),
+    the largest square-ish tile ``(r_max, ob_max)`` and the most rows per vector count
+    ``r_limits``; ``dot_address`` of ``dotkernel`` and its largest
+    tile ``(dot_r_max, dot_j_max)``; ``transpose_address`` of ``transpose`` (``transpose_ir``).
+    Holds the execution engine (the code lives as
     long as it does)."""
 
     def __init__(self, cpu: str, features: str, lanes: int) -> None:
@@ -298,7 +365,8 @@ class Compiled:
         llvm.initialize_native_asmprinter()
         self.lanes = lanes
         self.r_max, self.ob_max = TILES[lanes]
-        mod = llvm.parse_assembly(module_ir(lanes, self.r_max, self.ob_max))
+        self.r_limits = r_limits(lanes)
+        mod = llvm.parse_assembly(module_ir(lanes))
         mod.verify()
         tm = llvm.Target.from_default_triple().create_target_machine(cpu=cpu, features=features, opt=3)
         pb = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=3))
@@ -307,6 +375,7 @@ class Compiled:
         self._engine.finalize_object()
         self.address = self._engine.get_function_address("ukernel")
         self.dot_address = self._engine.get_function_address("dotkernel")
+        self.transpose_address = self._engine.get_function_address("transpose")
         self.dot_r_max, self.dot_j_max = DOT_TILES[lanes]
 
 

@@ -40,11 +40,24 @@ Weight gradient (any stride, dilation, padding)::
 the same micro-kernel with the roles turned: a tile is ``R`` input channels (broadcast from
 the channels-last input) x 64 output channels (vectors of the channels-last ``diff_dst``)
 of one tap, summed over the positions of every output row whose input row is real, the
-rows taken in chunks that stay in cache while every tile of a thread walks them.
+rows taken in chunks that stay in cache while every tile walks them. With one group and
+no dilation along the last axis, the taps of that axis join the channels (``(kw, c)`` pairs
+are consecutive in a channels-last row), so first layers with 3 input channels still fill
+tiles of up to 12 rows. Where the weights are small (``_weight_parts``) the copies are
+streamed: a fixed number of parts of the rows, each with its own partial weights, copy
+their chunks channels-last into cache-sized buffers just before the tiles read them (rows
+longer than a chunk cut into segments), and the partial weights are added in order at
+the end; otherwise both arrays are copied whole and the threads split the tiles.
+
+The layout copies go through a compiled ``V x V`` block transpose (``_ukernel.transpose_ir``:
+masked loads, ``log2 V`` stages of two-source shuffles, masked stores) instead of an element
+loop: both whole copies of resnet_50 conv1's weight gradient (mb4) 2.4 -> 1.6 ms, of
+res2a_branch2b 1.5 -> 1.0 ms (2 threads, memory-bound).
 
 Determinism: every sum runs in an order fixed by the problem (taps, then channel chunks
 whose size depends on the problem only, then channels; for the weights, row chunks, rows,
-positions); threads split output rows (forward) or weight tiles, never a sum. So results
+positions, and the streamed parts, whose number and bounds the problem fixes); threads
+split output rows (forward), weight tiles or parts, never a sum. So results
 are bitwise identical whatever the thread count. Only float32 compute (half types are
 converted); numba runs the loops around the micro-kernel (``_blocked_jit.py``).
 
@@ -73,6 +86,11 @@ WEIGHT_BLOCK_BYTES = 512 * 1024
 # Bytes of output rows (diff_dst and the input rows they read) per chunk of the weight
 # gradient: every tile of a thread walks the chunk, so it must stay in the L2 cache.
 ROW_CHUNK_BYTES = 1024 * 1024
+# The streamed weight gradient (``_weight_parts``) cuts the output rows into this many
+# parts (fixed: the parts' partial sums are added in order, so results do not depend on
+# the threads), while their copies of the weight blocks fill at most WEIGHT_PARTS_BYTES.
+WEIGHT_PARTS = 8
+WEIGHT_PARTS_BYTES = 4 << 20
 # Below this many multiply-adds a call runs on the calling thread alone.
 PARALLEL_MACS = 3 << 19
 # Copies of at least this many elements run on the pool.
@@ -85,10 +103,6 @@ POINTWISE_BLOCK_BYTES = 512 * 1024
 # must stay in the L2 cache: 512 channels k3 (3 MiB) ran 10.8 / 12.6 ms (fwd / bwd_data)
 # against 10.7 / 10.9 on im2col, 128 channels k5 (320 KiB) 3.7 / 4.0 against 4.4 / 4.5.
 LINE_MAX_WEIGHT_BYTES = 1 << 20
-# The layout copies move every channel's rows in runs of at least this many elements
-# (whole rows of one image), so that each read (or write) of the channel-major side is
-# one sequential stream.
-COPY_RUN = 1024
 
 
 def available() -> bool:
@@ -166,7 +180,8 @@ def _last_axis(spec: ConvSpec) -> tuple[int, int]:
 
 
 def _workspace(spec: ConvSpec, direction: str) -> int:
-    """Bytes of the channels-last copies, the weight blocks and any converted input."""
+    """Bytes of the channels-last copies (the streamed weight gradient: every thread's
+    chunk buffers and the parts' blocks), the weight blocks and any converted input."""
     fspec = flipped_spec(spec) if direction == "bwd_data" else spec
     lanes = _lanes()[0] if available() else 16
     wp, _ = _last_axis(fspec)
@@ -177,6 +192,12 @@ def _workspace(spec: ConvSpec, direction: str) -> int:
     ycl = rows_dst * fspec.dst[-1] * fspec.groups * ogp
     blk = fspec.groups * math.prod(fspec.kernel) * fspec.icg * ogp
     converted = math.prod(fspec.src_shape) + math.prod(fspec.dst_shape)
+    if direction == "bwd_weights":
+        parts, chunk_rows, _, seg = _weight_parts(fspec)
+        if parts:      # per thread, at most an image's input rows and a chunk of diff_dst
+            cells = (seg - 1) * fspec.strides[-1] + (fspec.kernel[-1] - 1) * fspec.dilations[-1] + 1
+            bufs = math.prod(fspec.src[:-1]) * cells * fspec.ic + chunk_rows * seg * fspec.groups * ogp
+            return 4 * ((parts + 1) * blk + converted + max(1, threads.get_num_threads()) * bufs)
     return 4 * (xcl + ycl + blk + converted)
 
 
@@ -242,8 +263,8 @@ def _to_channels_last(arr: np.ndarray, groups: int, cg: int, cgp: int, wp: int, 
     x4 = arr.reshape(n, groups * cg, rows, sp[-1])
     out = _scratch(slot, (n, rows, wp, groups * cgp), np.float32)
     parts = workers if arr.size >= PARALLEL_COPY else 1
-    block = -(-COPY_RUN // sp[-1])
-    run_each(lambda b: jit.to_channels_last(x4, out, b[0], b[1], groups, cg, cgp, pad, block),
+    c = _ukernel.compiled()
+    run_each(lambda b: jit.to_channels_last(x4, out, b[0], b[1], groups, cg, cgp, -pad, 0, c.transpose_address, c.lanes),
              _cuts(n * rows, parts), parts)
     return out
 
@@ -254,8 +275,9 @@ def _from_channels_last(ycl: np.ndarray, shape: tuple[int, ...], groups: int, og
     n, rows, w = ycl.shape[0], ycl.shape[1], ycl.shape[2]
     y = np.empty((n, groups * og, rows, w), dtype=np.float32)
     parts = workers if y.size >= PARALLEL_COPY else 1
-    block = -(-COPY_RUN // w)
-    run_each(lambda b: jit.from_channels_last(ycl, y, b[0], b[1], groups, og, ogp, block), _cuts(n * rows, parts), parts)
+    c = _ukernel.compiled()
+    run_each(lambda b: jit.from_channels_last(ycl, y, b[0], b[1], groups, og, ogp, c.transpose_address, c.lanes),
+             _cuts(n * rows, parts), parts)
     return y.reshape(shape)
 
 
@@ -431,6 +453,42 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     return _forward(fspec, diff_dst, weights, True, workspace_limit, "bwd_data")
 
 
+def _weight_parts(spec: ConvSpec) -> tuple[int, int, int, int]:
+    """(parts, chunk rows, segments per row, positions per segment) of the streamed weight
+    gradient (``weight_parts``), or zeros where it runs on whole channels-last copies
+    (pure: the problem decides, never the threads, so the parts' sum is the same on any
+    pool).
+
+    Streamed: ``WEIGHT_PARTS`` parts of the output rows, each summing into its own copy of
+    the weight blocks (added in order at the end), each copying its chunks channels-last
+    into buffers of about ``ROW_CHUNK_BYTES`` (rows of ``diff_dst`` and the input rows they
+    read; a row longer than that is cut into segments). Where the parts' copies of the
+    weights would fill more than ``WEIGHT_PARTS_BYTES`` (large weights), or there are fewer
+    chunks than parts, the whole arrays are copied once and the threads split the weight
+    tiles instead."""
+    lanes = _lanes()[0] if available() else 16
+    ogp = _padded(spec.ocg, lanes)
+    blk = 4 * spec.groups * math.prod(spec.kernel) * spec.icg * ogp
+    nrows = spec.mb * math.prod(spec.dst[:-1])
+    if WEIGHT_PARTS * blk > WEIGHT_PARTS_BYTES:
+        return 0, 0, 0, 0
+    wout, sw = spec.dst[-1], spec.strides[-1]
+    halo = (spec.kernel[-1] - 1) * spec.dilations[-1] + 1 - sw
+    out_bytes = 4 * spec.groups * ogp                        # per position: diff_dst, and
+    in_bytes = 4 * spec.ic * max(1, math.prod(spec.strides[:-1])) * sw       # its inputs
+    row_bytes = wout * (out_bytes + in_bytes) + 4 * spec.ic * halo
+    if row_bytes <= ROW_CHUNK_BYTES:
+        nseg, seg = 1, wout
+        chunk_rows = max(1, min(-(-nrows // WEIGHT_PARTS), ROW_CHUNK_BYTES // row_bytes))
+    else:
+        in_bytes = 4 * spec.ic * max(1, math.prod(spec.kernel[:-1])) * sw    # one row: every outer tap
+        seg = max(lanes, ROW_CHUNK_BYTES // (out_bytes + in_bytes) // lanes * lanes)
+        nseg, chunk_rows = -(-wout // seg), 1
+    if nrows * nseg < WEIGHT_PARTS:
+        return 0, 0, 0, 0
+    return WEIGHT_PARTS, chunk_rows, nseg, seg
+
+
 def _pointwise_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, workspace_limit: int) -> np.ndarray:
     """The 1x1 weight gradient on the NCX arrays: each (output, input) channel pair is a
     sum along both rows' positions, computed in vector lanes (``dotkernel``) over blocks of
@@ -460,24 +518,50 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
         return _pointwise_weights(sub, _f32(src[_sampled_cells(spec)]), diff_dst, workspace_limit)
     _check(spec, "bwd_weights", workspace_limit)
     jit = _jit()
-    lanes, r_max, obw = _lanes()
-    g, cg, og, ogp, t, workers, wp, xcl = _input_channels_last(spec, src)
-    wout = spec.dst[-1]
-    dycl = _to_channels_last(_f32(diff_dst), g, og, ogp, wout, 0, workers, "blocked_y")
+    lanes, _, obw = _lanes()
+    g, cg, og, t = spec.groups, spec.icg, spec.ocg, math.prod(spec.kernel)
+    ogp = _padded(og, lanes)
+    wp, pad = _last_axis(spec)
+    wout, kw_n = spec.dst[-1], spec.kernel[-1]
     rows_src = math.prod(spec.src[:-1])
     rows_dst = math.prod(spec.dst[:-1])
     nrows = spec.mb * rows_dst
-    geo = np.array((g, cg, ogp, wp, wout, spec.kernel[-1], spec.strides[-1], spec.dilations[-1],
-                    rows_dst, rows_src, nrows), dtype=np.int64)
-    row_bytes = 4 * (wout * g * ogp + wp * spec.ic)
-    chunk_rows = max(1, min(nrows, ROW_CHUNK_BYTES // row_bytes))
-    blk = _scratch("blocked_w", (g * t * cg * ogp,), np.float32)
-    tiles = g * -(-ogp // obw) * t * -(-cg // r_max)
-    addr = _ukernel.compiled().address
-    dst_o, src_o, k_o, s_o, d_o, pb_o = _geometry(spec)
-    run_each(lambda b: jit.weight_tiles(xcl.reshape(-1), dycl.reshape(-1), blk, geo, dst_o, src_o, k_o, s_o, d_o,
-                                        pb_o, b[0], b[1], addr, r_max, lanes, obw, chunk_rows),
-             _cuts(tiles, workers), workers)
+    merged = g == 1 and spec.dilations[-1] == 1
+    nparts, chunk_rows, nseg, seg = _weight_parts(spec)
+    geo = np.array((g, cg, ogp, wp, wout, kw_n, spec.strides[-1], spec.dilations[-1],
+                    rows_dst, rows_src, nrows, merged, og, chunk_rows), dtype=np.int64)
+    c = _ukernel.compiled()
+    rt = c.r_limits[min(ogp, obw) // lanes - 1]      # the widest block's limit holds for all
+    tiles = g * -(-ogp // obw) * ((t // kw_n) * -(-(kw_n * cg) // rt) if merged else t * -(-cg // rt))
+    outer = _geometry(spec)
+    workers = _workers(spec)
+    blk_elems = g * t * cg * ogp
+    if nparts:
+        x4 = _f32(src).reshape(spec.mb, spec.ic, rows_src, spec.src[-1])
+        dy4 = _f32(diff_dst).reshape(spec.mb, spec.oc, rows_dst, wout)
+        span = jit.part_input_rows(geo, *outer, nparts, nseg, seg)
+        cells = (seg - 1) * spec.strides[-1] + (kw_n - 1) * spec.dilations[-1] + 1
+        parts = np.empty((nparts, blk_elems), dtype=np.float32)
+
+        def part(b) -> None:
+            xbuf = _scratch("blocked_x", (1, max(1, span), cells, spec.ic), np.float32)
+            ybuf = _scratch("blocked_y", (1, chunk_rows, seg, g * ogp), np.float32)
+            jit.weight_parts(x4, dy4, parts, xbuf, ybuf, geo, *outer, b[0], b[1], nparts, nseg, seg, pad, c.address,
+                             rt, lanes, obw, tiles, c.transpose_address)
+
+        run_each(part, _cuts(nparts, workers), workers)
+        blk = parts[0]
+        for p in range(1, nparts):               # the parts in order: the same sum on any threads
+            blk += parts[p]
+    else:
+        xcl = _to_channels_last(_f32(src), g, cg, cg, wp, pad, workers, "blocked_x")
+        dycl = _to_channels_last(_f32(diff_dst), g, og, ogp, wout, 0, workers, "blocked_y")
+        row_bytes = 4 * (wout * g * ogp + wp * spec.ic)
+        chunk_rows = max(1, min(nrows, ROW_CHUNK_BYTES // row_bytes))
+        blk = _scratch("blocked_w", (blk_elems,), np.float32)
+        run_each(lambda b: jit.weight_tiles(xcl.reshape(-1), dycl.reshape(-1), blk, geo, *outer, b[0], b[1],
+                                            c.address, rt, lanes, obw, chunk_rows),
+                 _cuts(tiles, workers), workers)
     dw = np.empty((spec.oc, cg, t), dtype=np.float32)
     _weights_from_blocks(blk, dw, g, og, cg, ogp, obw, workers)
     return dw.reshape(spec.weights_shape)
