@@ -254,7 +254,7 @@ def test_blocked_lines(monkeypatch, rules_of_a_512_bit_host):
 def test_blocked_strided_pointwise(rules_of_a_512_bit_host):
     """Strided 1x1 layers without padding: the 1x1 problem on the read input cells (every
     remainder of the size formula: input cells past the last read one), zero data
-    gradient on the other cells."""
+    gradient on the other cells; the weight gradient streams only the rows it reads."""
     rng = np.random.default_rng(9)
     for spec in (_spec(2, 6, 20, 1, (29, 35), (1, 1), (2, 3), (1, 1), (0, 0), (0, 0)),
                  _spec(2, 6, 20, 1, (30, 36), (1, 1), (3, 2), (1, 1), (0, 0), (0, 0)),
@@ -269,8 +269,11 @@ def test_blocked_strided_pointwise(rules_of_a_512_bit_host):
     r3a = _spec(4, 256, 128, 1, (56, 56), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))
     r4a = _spec(4, 512, 1024, 1, (28, 28), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))
     assert cg.choose_algorithm(r3a, "bwd_data") == "blocked"
-    assert not dispatch.blocked_pays(r3a, "fwd") and not dispatch.blocked_pays(r3a, "bwd_weights")
-    assert not dispatch.blocked_pays(r4a, "bwd_data")
+    assert not dispatch.blocked_pays(r3a, "fwd")
+    # the weight gradient: the general streamed path (only the rows a tap reads are
+    # copied), where the weights are small enough to stream
+    assert dispatch.blocked_pays(r3a, "bwd_weights") and blocked.streamed_weights(r3a)
+    assert not dispatch.blocked_pays(r4a, "bwd_data") and not dispatch.blocked_pays(r4a, "bwd_weights")
     padded = _spec(1, 4, 20, 1, (9, 9), (1, 1), (2, 2), (1, 1), (1, 1), (0, 0))
     assert blocked.strided_pointwise(padded) is None and not blocked.eligible(padded, "bwd_data")
 

@@ -343,7 +343,10 @@ def thin_pays(spec: ConvSpec, direction: str) -> bool:
 #    outputs per image and at most BLOCKED_STRIDED_POINTWISE_MAX_REDUCTION output channels
 #    per group: resnet_50 res3a_branch2a (256 -> 128, 56^2 -> 28^2) 15.9 / 28.0, res3a_branch1
 #    (256 -> 512) 4.3 / 4.5, but res4a_branch1 (14^2 outputs, 1024) 6.1 / 4.1; its forward
-#    and weight gradient lose (9.1 / 11.8, 10.3 / 14.6: the copy of the read cells);
+#    loses (9.1 / 11.8: the copy of the read cells); its weight gradient runs like the
+#    multi-tap ones where it streams (``blocked.streamed_weights``: only the rows a tap reads
+#    are copied): res3a_branch2a (mb19) 7.9 / 12.1, res4a_branch2a 7.0 / 8.9, res3a_branch1
+#    (mb4) 5.3 / 5.4, but res5a_branch2a (whole copies, 2 MiB of weights) 8.7 / 6.2;
 #  - the output channels the vector lanes hold (forward and weight gradient: C_out per
 #    group; data gradient: C_in per group) number at least BLOCKED_MIN_LANE_CHANNELS (16
 #    channels fill a quarter of a 64-channel register tile: 16 ch 3x3 128^2 2.43 / 2.24,
@@ -410,6 +413,8 @@ def _blocked_rule(spec: ConvSpec, direction: str) -> bool:
     if _prod(spec.kernel) == 1:
         sub = blocked.strided_pointwise(spec)
         if sub is not None:
+            if direction == "bwd_weights":
+                return blocked.streamed_weights(spec)
             return (direction == "bwd_data" and _prod(sub.src) >= BLOCKED_STRIDED_POINTWISE_MIN_POSITIONS
                     and spec.ocg <= BLOCKED_STRIDED_POINTWISE_MAX_REDUCTION)
         if not pointwise_spec(spec) or _prod(spec.src) < BLOCKED_POINTWISE_MIN_POSITIONS:

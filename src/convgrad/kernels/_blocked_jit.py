@@ -172,12 +172,13 @@ def forward_rows(xcl, wblk, ycl, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, r0, r1,
 
 
 @njit(**JIT)
-def _tile_pass(xa, da, ba, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, i0, i1, q0, q1, x_origin, y_origin, x_w, y_w,
-               K, acc, aoff, boff, addr, rt, lanes, obw):
+def _tile_pass(xa, da, ba, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, i0, i1, q0, q1, x_origin, x_slot, y_origin, x_w,
+               y_w, K, acc, aoff, boff, addr, rt, lanes, obw):
     """Tiles ``i0 .. i1`` of the weight gradient over output rows ``q0 .. q1`` (flat over
     images) and ``K`` positions of each, adding to the blocks at ``ba`` (``acc``) or
-    starting them. The channels-last input rows (``x_w`` cells each) are at ``xa`` from
-    flat input row ``x_origin``, the ``diff_dst`` rows (``y_w`` positions) at ``da`` from
+    starting them. The channels-last input rows (``x_w`` cells each) are at ``xa``: flat
+    input row ``x_origin + i`` at buffer row ``x_slot[i]`` (every row from ``x_origin``
+    where ``x_slot`` is empty), the ``diff_dst`` rows (``y_w`` positions) at ``da`` from
     ``y_origin``.
 
     Tile ``i``: group, output-channel block, tap, and ``R <= rt`` input channels from
@@ -215,7 +216,8 @@ def _tile_pass(xa, da, ba, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, i0, i1, q0, q
                 src_row = _tap_rows(r, rows_dst, dst_o, src_o, k_o, s_o, d_o, pb_o, ko, rows_src)
                 if src_row < 0:
                     continue
-                aoff[n] = (src_row - x_origin) * x_w * C + shift
+                slot = src_row - x_origin if len(x_slot) == 0 else x_slot[src_row - x_origin]
+                aoff[n] = slot * x_w * C + shift
                 boff[n] = (r - y_origin) * y_w * groups * ogp
                 n += 1
             listed = v
@@ -233,12 +235,13 @@ def weight_tiles(xcl, dycl, blk, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, i0, i1,
     its own tiles (the chunk's rows stay in cache for all of them), so no element is summed
     by two threads."""
     Wp, Wout, nrows = geo[3], geo[4], geo[10]
+    whole = np.empty(0, np.int64)             # every input row in place
     aoff = np.empty(chunk_rows, np.int64)
     boff = np.empty(chunk_rows, np.int64)
     for q0 in range(0, nrows, chunk_rows):
         q1 = min(nrows, q0 + chunk_rows)
         _tile_pass(xcl.ctypes.data, dycl.ctypes.data, blk.ctypes.data, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, i0, i1,
-                   q0, q1, 0, 0, Wp, Wout, Wout, 1 if q0 > 0 else 0, aoff, boff, addr, rt, lanes, obw)
+                   q0, q1, 0, whole, 0, Wp, Wout, Wout, 1 if q0 > 0 else 0, aoff, boff, addr, rt, lanes, obw)
 
 
 @njit(**JIT)
@@ -257,9 +260,11 @@ def _chunk(item, end, geo, nseg, seg):
 
 
 @njit(**JIT)
-def _input_span(q, q1, geo, dst_o, src_o, k_o, s_o, d_o, pb_o):
-    """(first, last + 1) flat input rows that output rows ``q .. q1`` read; first = last + 1
-    where every tap falls in the padding."""
+def _input_rows(q, q1, geo, dst_o, src_o, k_o, s_o, d_o, pb_o):
+    """The flat input rows that output rows ``q .. q1`` read, as (first row, ``slot``):
+    ``slot[row - first]`` is the row's place in a compact buffer, or -1 for a row no tap
+    reads (a strided 1x1 layer reads every other row); empty where every tap falls in the
+    padding."""
     rows_dst, rows_src = geo[8], geo[9]
     kouter = k_o.prod() if len(k_o) else 1
     lo = 1 << 62
@@ -270,7 +275,20 @@ def _input_span(q, q1, geo, dst_o, src_o, k_o, s_o, d_o, pb_o):
             if s >= 0:
                 lo = min(lo, s)
                 hi = max(hi, s)
-    return (lo, hi + 1) if hi >= 0 else (0, 0)
+    if hi < 0:
+        return 0, np.empty(0, np.int64)
+    slot = np.full(hi + 1 - lo, -1, np.int64)
+    for r in range(q, q1):
+        for ko in range(kouter):
+            s = _tap_rows(r, rows_dst, dst_o, src_o, k_o, s_o, d_o, pb_o, ko, rows_src)
+            if s >= 0:
+                slot[s - lo] = 0
+    n = 0
+    for i in range(len(slot)):
+        if slot[i] == 0:
+            slot[i] = n
+            n += 1
+    return lo, slot
 
 
 @njit(**JIT)
@@ -283,8 +301,9 @@ def part_input_rows(geo, dst_o, src_o, k_o, s_o, d_o, pb_o, nparts, nseg, seg):
         end = items * (p + 1) // nparts
         while item < end:
             q0, q1, w0, w1, item = _chunk(item, end, geo, nseg, seg)
-            lo, hi = _input_span(q0, q1, geo, dst_o, src_o, k_o, s_o, d_o, pb_o)
-            most = max(most, hi - lo)
+            lo, slot = _input_rows(q0, q1, geo, dst_o, src_o, k_o, s_o, d_o, pb_o)
+            if len(slot):
+                most = max(most, slot.max() + 1)
     return most
 
 
@@ -294,9 +313,10 @@ def weight_parts(x4, dy4, parts, xbuf, ybuf, geo, dst_o, src_o, k_o, s_o, d_o, p
     """Parts ``p0 .. p1`` of the weight gradient streamed from the NCX arrays: part ``p``
     (``nparts``, fixed by the problem) sums the items ``items*p/nparts ..`` (output rows x
     segments of ``seg`` positions) into its own blocks ``parts[p]``. Chunk after chunk
-    (``_chunk``), the chunk's ``diff_dst`` cells and the input cells they read are copied
-    channels-last into the small buffers ``ybuf`` / ``xbuf`` (cache-resident: no
-    whole-array copy goes through memory), then every tile sums over them."""
+    (``_chunk``), the chunk's ``diff_dst`` cells and the input cells they read (only the
+    rows some tap reads, ``_input_rows``) are copied channels-last into the small buffers
+    ``ybuf`` / ``xbuf`` (cache-resident: no whole-array copy goes through memory), then
+    every tile sums over them."""
     groups, cg, ogp, og, nrows, sw = geo[0], geo[1], geo[2], geo[12], geo[10], geo[6]
     chunk_rows = geo[13]
     aoff = np.empty(chunk_rows, np.int64)
@@ -310,12 +330,14 @@ def weight_parts(x4, dy4, parts, xbuf, ybuf, geo, dst_o, src_o, k_o, s_o, d_o, p
         pa = parts[p].ctypes.data
         while item < end:
             q0, q1, w0, w1, item = _chunk(item, end, geo, nseg, seg)
-            lo, hi = _input_span(q0, q1, geo, dst_o, src_o, k_o, s_o, d_o, pb_o)
-            if hi > lo:
-                to_channels_last(x4, xbuf, lo, hi, groups, cg, cg, w0 * sw - pad, lo, taddr, lanes)
+            lo, slot = _input_rows(q0, q1, geo, dst_o, src_o, k_o, s_o, d_o, pb_o)
+            for i in range(len(slot)):
+                if slot[i] >= 0:        # row lo + i to buffer row slot[i]
+                    to_channels_last(x4, xbuf, lo + i, lo + i + 1, groups, cg, cg, w0 * sw - pad, lo + i - slot[i],
+                                     taddr, lanes)
             to_channels_last(dy4, ybuf, q0, q1, groups, og, ogp, w0, q0, taddr, lanes)
             _tile_pass(xbuf.ctypes.data, ybuf.ctypes.data, pa, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, 0, tiles,
-                       q0, q1, lo, q0, x_w, y_w, w1 - w0, acc, aoff, boff, addr, rt, lanes, obw)
+                       q0, q1, lo, slot, q0, x_w, y_w, w1 - w0, acc, aoff, boff, addr, rt, lanes, obw)
             acc = 1
 
 

@@ -30,8 +30,9 @@ the lanes of both rows (``dotkernel``) in blocks of positions, then across the l
 fixed halving order. 1-D stride-1 layers (``line_spec``) run the same way on the rows
 themselves, each tap a shifted read of the row, the weights broadcast from their own
 layout (flipped in place for the data gradient), the blocks at the row ends on a small
-zero-padded window. Strided 1x1 layers run the same on a copy of the input cells their
-outputs read (``strided_pointwise``; the data gradient is zero on the other cells).
+zero-padded window. Strided 1x1 forwards and data gradients run the same on a copy of the
+input cells their outputs read (``strided_pointwise``; the data gradient is zero on the
+other cells); their weight gradient is the general one below.
 
 Weight gradient (any stride, dilation, padding)::
 
@@ -205,8 +206,8 @@ def fits(spec: ConvSpec, direction: str, dtype, workspace_limit: int) -> bool:
     """Whether the copies fit in the cap (the automatic choice falls back otherwise; 1x1
     problems and 1-D rows make none, only conversions of inputs not in float32, counted as
     if made)."""
-    if (pointwise_spec(spec) or strided_pointwise(spec) is not None
-            or (direction != "bwd_weights" and line_spec(spec))):
+    if pointwise_spec(spec) or (direction != "bwd_weights" and (strided_pointwise(spec) is not None
+                                                                or line_spec(spec))):
         return 4 * (math.prod(spec.src_shape) + math.prod(spec.dst_shape)) <= workspace_limit
     return _workspace(spec, direction) <= workspace_limit
 
@@ -489,6 +490,11 @@ def _weight_parts(spec: ConvSpec) -> tuple[int, int, int, int]:
     return WEIGHT_PARTS, chunk_rows, nseg, seg
 
 
+def streamed_weights(spec: ConvSpec) -> bool:
+    """Whether the weight gradient streams its copies (``_weight_parts``; pure)."""
+    return _weight_parts(spec)[0] > 0
+
+
 def _pointwise_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, workspace_limit: int) -> np.ndarray:
     """The 1x1 weight gradient on the NCX arrays: each (output, input) channel pair is a
     sum along both rows' positions, computed in vector lanes (``dotkernel``) over blocks of
@@ -513,9 +519,6 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
                           workspace_limit: int) -> np.ndarray:
     if pointwise_spec(spec):
         return _pointwise_weights(spec, src, diff_dst, workspace_limit)
-    sub = strided_pointwise(spec)
-    if sub is not None:
-        return _pointwise_weights(sub, _f32(src[_sampled_cells(spec)]), diff_dst, workspace_limit)
     _check(spec, "bwd_weights", workspace_limit)
     jit = _jit()
     lanes, _, obw = _lanes()
