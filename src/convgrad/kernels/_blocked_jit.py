@@ -101,6 +101,60 @@ def from_channels_last(ycl, y, q0, q1, groups, og, ogp, taddr, lanes):
 
 
 @njit(**JIT)
+def weight_blocks(w3, blk, b0, b1, groups, og, cg, ogp, obw, flip, taddr, lanes):
+    """Weight blocks ``b0 .. b1`` (group, block of ``obw`` output channels) of the forward
+    (module doc): ``blk[t, c, j] = w3[g*og + ob0 + j, c, t]``, or with ``flip`` (``w3`` the
+    data gradient's original (G*cg, og, T) weights) ``w3[g*cg + c, ob0 + j, T-1-t]``, zero
+    for ``j`` past ``og`` (those lanes' results are dropped; zeros keep stale scratch, a
+    denormal or NaN, out of the arithmetic). For each input channel the ``(j, t)`` matrix goes through the
+    compiled transpose (flipped: its rows written from the last tap backwards)."""
+    T = w3.shape[2]
+    nob = (ogp + obw - 1) // obw
+    wa = w3.ctypes.data
+    ba = blk.ctypes.data
+    for b in range(b0, b1):
+        g, ob0 = b // nob, (b % nob) * obw
+        wbw = min(obw, ogp - ob0)
+        n = min(wbw, og - ob0)
+        base = g * T * cg * ogp + ob0 * T * cg
+        for c in range(cg):
+            for j0 in range(0, wbw, lanes):
+                nr = max(0, min(lanes, n - j0))
+                for t0 in range(0, T, lanes):
+                    nc = min(lanes, T - t0)
+                    if flip:
+                        src = wa + 4 * (((g * cg + c) * og + ob0 + j0) * T + t0)
+                        dst = ba + 4 * (base + ((T - 1 - t0) * cg + c) * wbw + j0)
+                        _transpose(taddr, src, T, dst, -cg * wbw, nr, nc, min(lanes, wbw - j0))
+                    else:
+                        src = wa + 4 * (((g * og + ob0 + j0) * cg + c) * T + t0)
+                        dst = ba + 4 * (base + (t0 * cg + c) * wbw + j0)
+                        _transpose(taddr, src, cg * T, dst, cg * wbw, nr, nc, min(lanes, wbw - j0))
+
+
+@njit(**JIT)
+def weights_from_blocks(blk, dw, b0, b1, groups, og, cg, ogp, obw, taddr, lanes):
+    """Inverse of ``weight_blocks`` without flip, blocks ``b0 .. b1``: ``dw[g*og + ob0 + j,
+    c, t] = blk[t, c, j]`` for ``j`` below ``og``."""
+    T = dw.shape[2]
+    nob = (ogp + obw - 1) // obw
+    ba = blk.ctypes.data
+    da = dw.ctypes.data
+    for b in range(b0, b1):
+        g, ob0 = b // nob, (b % nob) * obw
+        wbw = min(obw, ogp - ob0)
+        n = min(wbw, og - ob0)
+        base = g * T * cg * ogp + ob0 * T * cg
+        for c in range(cg):
+            for t0 in range(0, T, lanes):
+                nr = min(lanes, T - t0)
+                for j0 in range(0, n, lanes):
+                    src = ba + 4 * (base + (t0 * cg + c) * wbw + j0)
+                    dst = da + 4 * (((g * og + ob0 + j0) * cg + c) * T + t0)
+                    _transpose(taddr, src, cg * wbw, dst, cg * T, nr, min(lanes, n - j0), nr)
+
+
+@njit(**JIT)
 def _tap_rows(r, rows_dst, dst_o, src_o, k_o, s_o, d_o, pb_o, ko, rows_src):
     """Input row (flat over images) that output row ``r`` reads with outer tap ``ko``, or
     -1 where it lies in the padding."""

@@ -292,53 +292,26 @@ def _input_channels_last(spec: ConvSpec, x: np.ndarray):
     return g, cg, og, _padded(og, _lanes()[0]), math.prod(spec.kernel), workers, wp, xcl
 
 
-def _block_view(blk: np.ndarray, b: int, groups: int, cg: int, ogp: int, obw: int, t: int):
-    """(group, first output channel, width, the ``(T, cg, width)`` view) of weight block ``b``."""
-    nob = -(-ogp // obw)
-    g, ob0 = b // nob, (b % nob) * obw
-    wbw = min(obw, ogp - ob0)
-    base = g * t * cg * ogp + ob0 * t * cg
-    return g, ob0, wbw, blk[base:base + t * cg * wbw].reshape(t, cg, wbw)
-
-
 def _weight_blocks(w3: np.ndarray, blk: np.ndarray, groups: int, og: int, cg: int, ogp: int, obw: int, flip: bool,
                    workers: int) -> None:
-    """The forward's weights in blocks (``_blocked_jit`` module doc), zero past ``og``:
-    ``blk[t, c, j] = w3[g*og + ob0 + j, c, t]``, or with ``flip`` (``w3`` the data
-    gradient's original (G*cg, og, T) weights) ``w3[g*cg + c, ob0 + j, T-1-t]``. NumPy's
-    strided copies, a block per pool thread (2-2.5x faster than an element loop)."""
-    t = w3.shape[2]
-
-    def one(bounds) -> None:
-        for b in range(*bounds):
-            g, ob0, wbw, dst = _block_view(blk, b, groups, cg, ogp, obw, t)
-            n = min(wbw, og - ob0)
-            if flip:
-                np.copyto(dst[:, :, :n], w3[g * cg:(g + 1) * cg, ob0:ob0 + n, ::-1].transpose(2, 0, 1))
-            else:
-                np.copyto(dst[:, :, :n], w3[g * og + ob0:g * og + ob0 + n].transpose(2, 1, 0))
-            if n < wbw:
-                dst[:, :, n:] = 0.0
-
+    """The forward's weights in blocks (``_blocked_jit`` module doc, ``weight_blocks``),
+    zero past ``og``; ``w3`` the forward's (G*og, cg, T) weights or, with ``flip``, the data
+    gradient's original (G*cg, og, T) weights. A block of output channels per pool thread."""
+    c = _ukernel.compiled()
     nblk = groups * -(-ogp // obw)
     parts = workers if blk.size >= PARALLEL_COPY else 1
-    run_each(one, _cuts(nblk, parts), parts)
+    run_each(lambda b: _jit().weight_blocks(w3, blk, b[0], b[1], groups, og, cg, ogp, obw, flip, c.transpose_address,
+                                            c.lanes), _cuts(nblk, parts), parts)
 
 
 def _weights_from_blocks(blk: np.ndarray, dw: np.ndarray, groups: int, og: int, cg: int, ogp: int, obw: int,
                          workers: int) -> None:
     """Inverse of ``_weight_blocks`` without flip: blocks -> ``dw`` (G*og, cg, T)."""
-    t = dw.shape[2]
-
-    def one(bounds) -> None:
-        for b in range(*bounds):
-            g, ob0, wbw, src = _block_view(blk, b, groups, cg, ogp, obw, t)
-            n = min(wbw, og - ob0)
-            np.copyto(dw[g * og + ob0:g * og + ob0 + n], src[:, :, :n].transpose(2, 1, 0))
-
+    c = _ukernel.compiled()
     nblk = groups * -(-ogp // obw)
     parts = workers if blk.size >= PARALLEL_COPY else 1
-    run_each(one, _cuts(nblk, parts), parts)
+    run_each(lambda b: _jit().weights_from_blocks(blk, dw, b[0], b[1], groups, og, cg, ogp, obw, c.transpose_address,
+                                                  c.lanes), _cuts(nblk, parts), parts)
 
 
 def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspace_limit: int,
