@@ -407,7 +407,7 @@ def blocked_pays(spec: ConvSpec, direction: str) -> bool:
 
 @functools.lru_cache(maxsize=1024)
 def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
-    # the host check last: it compiles the micro-kernels (~0.4 s) on its first call
+    # the host check last: it compiles the micro-kernels (~1 s) on its first call
     return _blocked_rule(spec, direction) and blocked.vector_bits() >= 512
 
 

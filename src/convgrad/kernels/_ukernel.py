@@ -34,7 +34,7 @@ for r < R and j < J, reached through ``dotkernel(R, J, ...)``.
 Variants for every ``1 <= OB <= OB_MAX`` and ``1 <= R <= r_limits(V)[OB - 1]`` are reached through one
 entry point, ``ukernel(R, OB, ...)``, whose address the numba drivers call
 (``_blocked_jit.py``). Arguments are 64-bit integers, addresses included. Compiling all
-variants takes about 0.4 s, once per process, on first use.
+variants (and the transpose) takes about 1 s, once per process, on first use.
 """
 
 from __future__ import annotations
