@@ -106,12 +106,13 @@ def _random_spec(rng, nsp, wide=False):
             return _spec(int(rng.choice([1, 2, 3])), icg * g, ocg * g, g, src, k, s, d, pb, pe)
 
 
-# The weight gradient's two schedules (``blocked._weight_parts``): "whole" copies both
-# arrays channels-last once and splits the tiles between threads; "streamed" cuts the rows
-# into parts with their own partial sums, copying chunk by chunk (rows cut into segments:
-# test_blocked_weight_gradient_segments).
-WEIGHT_SCHEDULES = {"default": {}, "whole": {"WEIGHT_PARTS_BYTES": 0},
-                    "streamed": {"WEIGHT_PARTS": 2}}
+# The weight gradient's schedules (``blocked._weight_parts``): "whole" copies both arrays
+# channels-last once and splits the tiles between threads; "streamed" cuts the rows into
+# parts with their own partial sums, copying chunk by chunk (rows cut into segments:
+# test_blocked_weight_gradient_segments); "two parts" is the streamed schedule of larger
+# weights.
+WEIGHT_SCHEDULES = {"default": {}, "whole": {"WEIGHT_PARTS_BYTES": 0, "WEIGHT_TWO_PARTS_BYTES": 0},
+                    "streamed": {"WEIGHT_PARTS": 2}, "two parts": {"WEIGHT_PARTS_BYTES": 0}}
 
 
 @needs_blocked

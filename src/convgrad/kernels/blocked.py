@@ -92,6 +92,13 @@ ROW_CHUNK_BYTES = 1024 * 1024
 # the threads), while their copies of the weight blocks fill at most WEIGHT_PARTS_BYTES.
 WEIGHT_PARTS = 8
 WEIGHT_PARTS_BYTES = 4 << 20
+# Weights up to half this size stream in two parts (one per thread here). Measured, ms,
+# mb4, two parts / whole copies, three alternating processes: resnet_50 res4b_branch2b
+# (2.3 MiB) 4.1-4.5 / 4.4-4.7, res3b_branch2b (0.6 MiB) 3.8-4.0 / 4.4-4.8, the stride-2
+# res4a_branch2b 4.4-4.8 / 5.4-5.7 and res3a_branch2b 4.2-4.4 / 5.8-6.5; but
+# res5a_branch2b (9 MiB) 6.5 / 4.9 and 3d_unet conv_7 (7 MiB) 4.4 / 3.5, so larger weights
+# are copied whole.
+WEIGHT_TWO_PARTS_BYTES = 6 << 20
 # Below this many multiply-adds a call runs on the calling thread alone.
 PARALLEL_MACS = 3 << 19
 # Copies of at least this many elements run on the pool.
@@ -433,18 +440,22 @@ def _weight_parts(spec: ConvSpec) -> tuple[int, int, int, int]:
     (pure: the problem decides, never the threads, so the parts' sum is the same on any
     pool).
 
-    Streamed: ``WEIGHT_PARTS`` parts of the output rows, each summing into its own copy of
-    the weight blocks (added in order at the end), each copying its chunks channels-last
+    Streamed: ``WEIGHT_PARTS`` parts of the output rows (2 for weights up to
+    ``WEIGHT_TWO_PARTS_BYTES / 2``), each summing into its own copy of the weight blocks
+    (added in order at the end), each copying its chunks channels-last
     into buffers of about ``ROW_CHUNK_BYTES`` (rows of ``diff_dst`` and the input rows they
-    read; a row longer than that is cut into segments). Where the parts' copies of the
-    weights would fill more than ``WEIGHT_PARTS_BYTES`` (large weights), or there are fewer
-    chunks than parts, the whole arrays are copied once and the threads split the weight
-    tiles instead."""
+    read; a row longer than that is cut into segments). Where the weights are larger, or
+    there are fewer chunks than parts, the whole arrays are copied once and the threads
+    split the weight tiles instead."""
     lanes = _lanes()[0] if available() else 16
     ogp = _padded(spec.ocg, lanes)
     blk = 4 * spec.groups * math.prod(spec.kernel) * spec.icg * ogp
     nrows = spec.mb * math.prod(spec.dst[:-1])
-    if WEIGHT_PARTS * blk > WEIGHT_PARTS_BYTES:
+    if WEIGHT_PARTS * blk <= WEIGHT_PARTS_BYTES:
+        nparts = WEIGHT_PARTS
+    elif 2 * blk <= WEIGHT_TWO_PARTS_BYTES:
+        nparts = 2
+    else:
         return 0, 0, 0, 0
     wout, sw = spec.dst[-1], spec.strides[-1]
     halo = (spec.kernel[-1] - 1) * spec.dilations[-1] + 1 - sw
@@ -453,19 +464,20 @@ def _weight_parts(spec: ConvSpec) -> tuple[int, int, int, int]:
     row_bytes = wout * (out_bytes + in_bytes) + 4 * spec.ic * halo
     if row_bytes <= ROW_CHUNK_BYTES:
         nseg, seg = 1, wout
-        chunk_rows = max(1, min(-(-nrows // WEIGHT_PARTS), ROW_CHUNK_BYTES // row_bytes))
+        chunk_rows = max(1, min(-(-nrows // nparts), ROW_CHUNK_BYTES // row_bytes))
     else:
         in_bytes = 4 * spec.ic * max(1, math.prod(spec.kernel[:-1])) * sw    # one row: every outer tap
         seg = max(lanes, ROW_CHUNK_BYTES // (out_bytes + in_bytes) // lanes * lanes)
         nseg, chunk_rows = -(-wout // seg), 1
-    if nrows * nseg < WEIGHT_PARTS:
+    if nrows * nseg < nparts:
         return 0, 0, 0, 0
-    return WEIGHT_PARTS, chunk_rows, nseg, seg
+    return nparts, chunk_rows, nseg, seg
 
 
 def streamed_weights(spec: ConvSpec) -> bool:
-    """Whether the weight gradient streams its copies (``_weight_parts``; pure)."""
-    return _weight_parts(spec)[0] > 0
+    """Whether the weight gradient streams its copies in ``WEIGHT_PARTS`` parts
+    (``_weight_parts``; pure)."""
+    return _weight_parts(spec)[0] == WEIGHT_PARTS
 
 
 def _pointwise_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, workspace_limit: int) -> np.ndarray:
