@@ -138,6 +138,19 @@ def test_blocked_matches_reference_random(nsp, wide, schedule, monkeypatch):
 
 
 @needs_blocked
+def test_blocked_wide_pointwise_weight_gradient():
+    """1x1 weight gradients with many channels take the streamed channels-last path (the
+    lanes of the NCX rows for few channels); both against the reference."""
+    rng = np.random.default_rng(17)
+    wide = _spec(2, 100, 110, 1, (12, 11), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    narrow = _spec(2, 40, 50, 2, (12, 11), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    assert not blocked.pointwise_weights(wide) and blocked.streamed_weights(wide)
+    assert blocked.pointwise_weights(narrow)
+    for spec in (wide, narrow):
+        _check(spec, rng, tag="1x1 weights")
+
+
+@needs_blocked
 def test_blocked_weight_gradient_segments(monkeypatch):
     """Rows cut into segments (of one vector of positions here): the input cells of each
     segment, the padding at both ends, strides and dilations along the cut axis, the last
@@ -430,7 +443,10 @@ def test_blocked_dispatch_rule(rules_of_a_512_bit_host):
     assert not dispatch.blocked_pays(eight, "bwd_weights") and not dispatch.blocked_pays(thin_1d, "bwd_weights")
     assert dispatch.blocked_pays(pointwise, "bwd_weights")
     wide_pointwise = _spec(8, 128, 128, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
-    assert not dispatch.blocked_pays(wide_pointwise, "bwd_weights") and dispatch.blocked_pays(wide_pointwise, "fwd")
+    assert dispatch.blocked_pays(wide_pointwise, "bwd_weights") and dispatch.blocked_pays(wide_pointwise, "fwd")
+    assert not blocked.pointwise_weights(wide_pointwise)                    # the streamed path
+    deep_pointwise = _spec(8, 2048, 512, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))  # 4 MiB of weights
+    assert not dispatch.blocked_pays(deep_pointwise, "bwd_weights")
     vgg2 = _spec(2, 64, 64, 1, (224, 224), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))       # 288 per element
     assert dispatch.blocked_pays(vgg2, "fwd")
     with pytest.raises(cg.ConvValueError, match="direction must be one of"):

@@ -337,7 +337,9 @@ def thin_pays(spec: ConvSpec, direction: str) -> bool:
 #    images with at most BLOCKED_POINTWISE_WEIGHTS_MAX_CHANNELS input + output channels per
 #    group (every tile re-reads its rows from the L2 cache): res2a_branch2a 7.1 / 9.4,
 #    mobilenet conv2 7.7 / 13.9, conv3 (64 -> 128) 5.0 / 6.5, but 128 -> 128 5.7 / 5.2,
-#    64 -> 256 5.0 / 5.2, 256 -> 64 6.4 / 6.2, 512 -> 128 at 28^2 7.2 / 4.6; and the data
+#    64 -> 256 5.0 / 5.2, 256 -> 64 6.4 / 6.2, 512 -> 128 at 28^2 7.2 / 4.6; wider 1x1
+#    weight gradients take the streamed channels-last path where it streams in eight parts
+#    (``blocked.pointwise_weights``, measurements there); and the data
 #    gradient of a strided 1x1 layer (``blocked.strided_pointwise``: the 1x1 problem on the
 #    read cells, zero elsewhere) with at least BLOCKED_STRIDED_POINTWISE_MIN_POSITIONS
 #    outputs per image and at most BLOCKED_STRIDED_POINTWISE_MAX_REDUCTION output channels
@@ -390,8 +392,9 @@ def thin_pays(spec: ConvSpec, direction: str) -> bool:
 BLOCKED_MIN_LANE_CHANNELS = {"fwd": 32, "bwd_data": 32, "bwd_weights": 16}
 BLOCKED_POINTWISE_MIN_POSITIONS = 2048
 BLOCKED_POINTWISE_MIN_ROWS = 64
-BLOCKED_POINTWISE_WEIGHTS_MAX_CHANNELS = 192
+BLOCKED_POINTWISE_WEIGHTS_MAX_CHANNELS = blocked.POINTWISE_WEIGHTS_MAX_CHANNELS
 BLOCKED_STRIDED_POINTWISE_MIN_POSITIONS = 512
+BLOCKED_STREAMED_POINTWISE_MIN_POSITIONS = 196     # measured down to 14^2 images
 BLOCKED_STRIDED_POINTWISE_MAX_REDUCTION = 512
 BLOCKED_LINE_MIN_ROWS = 16
 BLOCKED_MIN_INTENSITY = {"fwd": 100, "bwd_data": 100, "bwd_weights": 16}
@@ -423,7 +426,11 @@ def _blocked_rule(spec: ConvSpec, direction: str) -> bool:
                 return blocked.streamed_weights(spec)
             return (direction == "bwd_data" and _prod(sub.src) >= BLOCKED_STRIDED_POINTWISE_MIN_POSITIONS
                     and spec.ocg <= BLOCKED_STRIDED_POINTWISE_MAX_REDUCTION)
-        if not pointwise_spec(spec) or _prod(spec.src) < BLOCKED_POINTWISE_MIN_POSITIONS:
+        if not pointwise_spec(spec):
+            return False
+        if direction == "bwd_weights" and not blocked.pointwise_weights(spec):     # channels-last
+            return _prod(spec.src) >= BLOCKED_STREAMED_POINTWISE_MIN_POSITIONS and blocked.streamed_weights(spec)
+        if _prod(spec.src) < BLOCKED_POINTWISE_MIN_POSITIONS:
             return False
         if direction == "bwd_weights":
             return spec.icg + spec.ocg <= BLOCKED_POINTWISE_WEIGHTS_MAX_CHANNELS

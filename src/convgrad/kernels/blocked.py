@@ -107,6 +107,12 @@ PARALLEL_COPY = 1 << 16
 # positions: blocks of positions whose rows of every reduced channel fill at most this
 # many bytes (they are read once from memory and then from cache by every row tile).
 POINTWISE_BLOCK_BYTES = 512 * 1024
+# 1x1 weight gradients with more input + output channels per group than this take the
+# streamed channels-last path (``pointwise_weights``). Measured (ms, in-process, streamed /
+# lanes of the NCX rows / the GEMM lowering chosen before): 256 -> 64 at 56^2 mb9 6.6 /
+# 7.5 / 7.4; 64 -> 256 6.4 / 6.8 / 7.1; 128 -> 128 5.0 / 6.4 / 6.4; 256 -> 512 at 14^2 mb19
+# 5.4 / 9.7 / 6.3; 128 -> 512 at 28^2 5.4 / 8.3 / 5.3; 512 -> 128 5.8 / 8.6 / 5.5.
+POINTWISE_WEIGHTS_MAX_CHANNELS = 192
 # 1-D rows (``line_spec``) read every weight once per block of positions, so the weights
 # must stay in the L2 cache: 512 channels k3 (3 MiB) ran 10.8 / 12.6 ms (fwd / bwd_data)
 # against 10.7 / 10.9 on im2col, 128 channels k5 (320 KiB) 3.7 / 4.0 against 4.4 / 4.5.
@@ -480,6 +486,15 @@ def streamed_weights(spec: ConvSpec) -> bool:
     return _weight_parts(spec)[0] == WEIGHT_PARTS
 
 
+def pointwise_weights(spec: ConvSpec) -> bool:
+    """Whether a 1x1 weight gradient sums along the lanes of the NCX rows (``dotkernel``):
+    up to ``POINTWISE_WEIGHTS_MAX_CHANNELS`` input + output channels per group (every tile
+    re-reads its rows from the L2 cache), or where the streamed channels-last path does not
+    stream in ``WEIGHT_PARTS`` (pure)."""
+    return pointwise_spec(spec) and (spec.icg + spec.ocg <= POINTWISE_WEIGHTS_MAX_CHANNELS
+                                     or not streamed_weights(spec))
+
+
 def _pointwise_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, workspace_limit: int) -> np.ndarray:
     """The 1x1 weight gradient on the NCX arrays: each (output, input) channel pair is a
     sum along both rows' positions, computed in vector lanes (``dotkernel``) over blocks of
@@ -502,7 +517,7 @@ def _pointwise_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, wo
 
 def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, *, dtype,
                           workspace_limit: int) -> np.ndarray:
-    if pointwise_spec(spec):
+    if pointwise_weights(spec):
         return _pointwise_weights(spec, src, diff_dst, workspace_limit)
     _check(spec, "bwd_weights", workspace_limit)
     jit = _jit()
