@@ -101,22 +101,29 @@ def from_channels_last(ycl, y, q0, q1, groups, og, ogp, taddr, lanes):
 
 
 @njit(**JIT)
+def _block_geometry(b, T, og, cg, ogp, obw):
+    """(group, first output channel, width, real output channels, offset) of weight block
+    ``b``: a ``(T, cg, width)`` array at ``offset`` of the blocks."""
+    nob = (ogp + obw - 1) // obw
+    g, ob0 = b // nob, (b % nob) * obw
+    wbw = min(obw, ogp - ob0)
+    return g, ob0, wbw, min(wbw, og - ob0), g * T * cg * ogp + ob0 * T * cg
+
+
+@njit(**JIT)
 def weight_blocks(w3, blk, b0, b1, groups, og, cg, ogp, obw, flip, taddr, lanes):
     """Weight blocks ``b0 .. b1`` (group, block of ``obw`` output channels) of the forward
     (module doc): ``blk[t, c, j] = w3[g*og + ob0 + j, c, t]``, or with ``flip`` (``w3`` the
     data gradient's original (G*cg, og, T) weights) ``w3[g*cg + c, ob0 + j, T-1-t]``, zero
     for ``j`` past ``og`` (those lanes' results are dropped; zeros keep stale scratch, a
-    denormal or NaN, out of the arithmetic). For each input channel the ``(j, t)`` matrix goes through the
-    compiled transpose (flipped: its rows written from the last tap backwards)."""
+    denormal or NaN, out of the arithmetic). For each input channel the ``(j, t)`` matrix
+    goes through the compiled transpose (flipped: its rows written from the last tap
+    backwards)."""
     T = w3.shape[2]
-    nob = (ogp + obw - 1) // obw
     wa = w3.ctypes.data
     ba = blk.ctypes.data
     for b in range(b0, b1):
-        g, ob0 = b // nob, (b % nob) * obw
-        wbw = min(obw, ogp - ob0)
-        n = min(wbw, og - ob0)
-        base = g * T * cg * ogp + ob0 * T * cg
+        g, ob0, wbw, n, base = _block_geometry(b, T, og, cg, ogp, obw)
         for c in range(cg):
             for j0 in range(0, wbw, lanes):
                 nr = max(0, min(lanes, n - j0))
@@ -137,14 +144,10 @@ def weights_from_blocks(blk, dw, b0, b1, groups, og, cg, ogp, obw, taddr, lanes)
     """Inverse of ``weight_blocks`` without flip, blocks ``b0 .. b1``: ``dw[g*og + ob0 + j,
     c, t] = blk[t, c, j]`` for ``j`` below ``og``."""
     T = dw.shape[2]
-    nob = (ogp + obw - 1) // obw
     ba = blk.ctypes.data
     da = dw.ctypes.data
     for b in range(b0, b1):
-        g, ob0 = b // nob, (b % nob) * obw
-        wbw = min(obw, ogp - ob0)
-        n = min(wbw, og - ob0)
-        base = g * T * cg * ogp + ob0 * T * cg
+        g, ob0, wbw, n, base = _block_geometry(b, T, og, cg, ogp, obw)
         for c in range(cg):
             for t0 in range(0, T, lanes):
                 nr = min(lanes, T - t0)
