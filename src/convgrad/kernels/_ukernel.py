@@ -52,6 +52,11 @@ TILES = {LANES_AVX512: (6, 4), LANES_AVX2: (4, 3)}
 # row a tile can have more rows (``r_limits``: 12 x 2 of 16 lanes, 24 accumulators), for
 # the weight gradient's tiles whose rows run over (tap, channel) pairs.
 REGISTERS = {LANES_AVX512: 32, LANES_AVX2: 16}
+# Widths whose masks live in mask registers (AVX-512's k0-k7). On AVX2 a mask takes one of
+# the 16 vector registers, which the 4 x 3 tile's 12 accumulators + 3 loaded vectors + 1
+# broadcast fill: LLVM then spilled two accumulators and rebuilt the mask on every step of
+# the loop, so each AVX2 variant also has an unmasked copy for ``tail == V``.
+MASK_REGISTERS = (LANES_AVX512,)
 R_TALL = 12
 # (R_MAX, J_MAX) of the lane-sum family: R*J accumulators + R loaded vectors + 1.
 DOT_TILES = {LANES_AVX512: (4, 6), LANES_AVX2: (3, 3)}
@@ -99,11 +104,13 @@ def _vector_load(dst: str, ptr: str, V: int, masked: bool) -> str:
     return f"  {dst} = load {vt}, ptr {ptr}, align 4"
 
 
-def _variant_ir(name: str, R: int, OB: int, V: int) -> str:
+def _variant_ir(name: str, R: int, OB: int, V: int, masked: bool = True) -> str:
+    """One ``(R, OB)`` variant; with ``masked`` False every vector is whole (``tail`` is
+    not read: the caller passes ``tail == V``)."""
     vt = f"<{V} x float>"
     L: list[str] = []
     a = L.append
-    last = OB - 1
+    last = OB - 1 if masked else -1
 
     def load(dst: str, ptr: str, j: int) -> None:
         a(_vector_load(dst, ptr, V, j == last))
@@ -111,11 +118,12 @@ def _variant_ir(name: str, R: int, OB: int, V: int) -> str:
     a(f"define internal void @{name}(i64 %aa, i64 %ba, i64 %ya, i64 %aoffa, i64 %boffa, i64 %ntaps, i64 %K, "
       f"i64 %a_rs, i64 %a_ks, i64 %b_ks, i64 %y_rs, i64 %accf, i64 %tail) #0 {{")
     a("entry:")
-    a("  %tail32 = trunc i64 %tail to i32")
-    a(f"  %tailv.0 = insertelement <{V} x i32> poison, i32 %tail32, i64 0")
-    a(f"  %tailv = shufflevector <{V} x i32> %tailv.0, <{V} x i32> poison, <{V} x i32> zeroinitializer")
-    lanes = ", ".join(f"i32 {i}" for i in range(V))
-    a(f"  %mask = icmp slt <{V} x i32> <{lanes}>, %tailv")
+    if masked:
+        a("  %tail32 = trunc i64 %tail to i32")
+        a(f"  %tailv.0 = insertelement <{V} x i32> poison, i32 %tail32, i64 0")
+        a(f"  %tailv = shufflevector <{V} x i32> %tailv.0, <{V} x i32> poison, <{V} x i32> zeroinitializer")
+        lanes = ", ".join(f"i32 {i}" for i in range(V))
+        a(f"  %mask = icmp slt <{V} x i32> <{lanes}>, %tailv")
     for v in ("a", "b", "y", "aoff", "boff"):
         a(f"  %{v} = inttoptr i64 %{v}a to ptr")
     for r in range(R):
@@ -320,6 +328,16 @@ def transpose_ir(name: str, V: int) -> str:
     return "\n".join(L)
 
 
+def _tail_split_ir(name: str, V: int) -> str:
+    """``name``: the unmasked variant ``name_f`` where ``tail == V`` (every channels-last
+    tile, most 1x1 and 1-D tiles), else the masked one ``name_m``."""
+    args = ", ".join(f"i64 %x{i}" for i in range(NARGS))
+    return "\n".join([f"define internal void @{name}({args}) #0 {{", "entry:",
+                      f"  %full = icmp eq i64 %x{NARGS - 1}, {V}", "  br i1 %full, label %f, label %m", "f:",
+                      f"  call void @{name}_f({args})", "  ret void", "m:", f"  call void @{name}_m({args})",
+                      "  ret void", "}"])
+
+
 def _entry_ir(name: str, variant: str, shapes: list[tuple[int, int]], nargs: int) -> str:
     args = ", ".join(f"i64 %x{i}" for i in range(nargs))
     out = [f"define void @{name}(i64 %R, i64 %OB, {args}) #0 {{", "entry:",
@@ -340,7 +358,12 @@ def module_ir(V: int) -> str:
              f"declare {vt} @llvm.masked.load.v{V}f32.p0(ptr, i32, <{V} x i1>, {vt})\n"
              f"declare void @llvm.masked.store.v{V}f32.p0({vt}, ptr, i32, <{V} x i1>)"]
     shapes = [(R, OB) for OB, top in enumerate(r_limits(V), 1) for R in range(1, top + 1)]
-    parts += [_variant_ir(f"uk_{R}_{OB}", R, OB, V) for R, OB in shapes]
+    if V in MASK_REGISTERS:
+        parts += [_variant_ir(f"uk_{R}_{OB}", R, OB, V) for R, OB in shapes]
+    else:
+        for R, OB in shapes:
+            parts += [_variant_ir(f"uk_{R}_{OB}_m", R, OB, V), _variant_ir(f"uk_{R}_{OB}_f", R, OB, V, masked=False),
+                      _tail_split_ir(f"uk_{R}_{OB}", V)]
     parts.append(_entry_ir("ukernel", "uk", shapes, NARGS))
     dr, dj = DOT_TILES[V]
     dots = [(R, J) for R in range(1, dr + 1) for J in range(1, dj + 1)]
