@@ -184,15 +184,29 @@ def test_weight_gradient_schedule_is_pure_and_sized():
     assert blocked._weight_parts(few) == (0, 0, 0, 0)
 
 
+def _runnable_widths() -> list[int]:
+    """The vector widths this host can run: its own and, on AVX-512 hosts, the AVX2 build."""
+    host = _ukernel._features()          # no build at collection time
+    return [] if host is None else sorted({host[2], _ukernel.LANES_AVX2}, reverse=True)
+
+
 @needs_blocked
-@pytest.mark.parametrize("lanes", [_ukernel.LANES_AVX512, _ukernel.LANES_AVX2])
+def test_avx512_build_compiles_on_any_host():
+    """The 512-bit module compiles for an AVX-512 CPU on any x86-64 host (it runs only on
+    one: ``test_transpose_kernel`` and the rest run at this host's widths)."""
+    wide = _ukernel.Compiled("skylake-avx512", "+avx512f,+avx512vl,+avx512bw,+avx512dq,+avx2,+fma,+avx",
+                             _ukernel.LANES_AVX512)
+    assert (wide.lanes, wide.r_max, wide.ob_max) == (16, 6, 4)
+    assert 0 not in (wide.address, wide.dot_address, wide.transpose_address)
+
+
+@needs_blocked
+@pytest.mark.parametrize("lanes", _runnable_widths())
 def test_transpose_kernel(lanes):
     """The compiled block transpose: every count of rows, columns and zero-filled lanes;
     nothing outside the block is read or written (the guard values stay)."""
     import ctypes
     host = _ukernel._features()
-    if lanes == _ukernel.LANES_AVX512 and host[2] != lanes:
-        pytest.skip("this CPU has no AVX-512")          # the AVX2 build runs on every host here
     built = _ukernel.compiled() if host[2] == lanes else _ukernel.Compiled(host[0], host[1], lanes)
     call = ctypes.CFUNCTYPE(None, *([ctypes.c_int64] * 7))(built.transpose_address)
     rng = np.random.default_rng(15)
@@ -322,7 +336,7 @@ def test_blocked_256_bit_build(monkeypatch):
     dispatch._blocked_pays.cache_clear()
     try:
         resnet = _spec(4, 64, 64, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
-        assert not dispatch.blocked_pays(resnet, "fwd")            # not measured on AVX2 hosts
+        assert not dispatch.blocked_pays(resnet, "fwd") and dispatch.blocked_pays(resnet, "bwd_data")  # AVX2 rules
     finally:
         dispatch._blocked_pays.cache_clear()
 
@@ -334,7 +348,12 @@ def test_micro_kernel_ir_is_pure_and_complete():
         assert text == _ukernel.module_ir(lanes)
         limits = _ukernel.r_limits(lanes)
         assert len(limits) == ob_max and min(limits) >= r_max and limits[0] == _ukernel.R_TALL
-        assert text.count("define internal void @uk_") == sum(limits)
+        copies = 1 if lanes in _ukernel.MASK_REGISTERS else 3      # AVX2: a dispatcher, masked, unmasked
+        assert text.count("define internal void @uk_") == copies * sum(limits)
+        if copies == 3:
+            unmasked = _ukernel._variant_ir("v", 4, 3, lanes, masked=False)
+            assert "masked" not in unmasked and "%tail" not in unmasked.split("entry:")[1]
+            assert "masked.load" in _ukernel._variant_ir("v", 4, 3, lanes) and f"icmp eq i64 %x12, {lanes}" in text
         regs = _ukernel.REGISTERS[lanes]
         assert all(r * ob + ob + 1 <= regs for ob, r in enumerate(limits, 1))
         assert f"<{lanes} x float>" in text and "define void @ukernel(" in text
@@ -451,6 +470,33 @@ def test_blocked_dispatch_rule(rules_of_a_512_bit_host):
     assert dispatch.blocked_pays(vgg2, "fwd")
     with pytest.raises(cg.ConvValueError, match="direction must be one of"):
         dispatch.blocked_pays(resnet, "bwd")
+
+
+def test_blocked_dispatch_rule_256_bit():
+    """On AVX2 hosts (256-bit vectors) only what was measured to win there: data gradients
+    of multi-tap kernels (weights at most 12x the activations), 3-D forwards, narrow 1x1
+    weight gradients on the NCX rows (pure: no host needed)."""
+    def pays(spec):
+        return [d for d in dispatch.DIRECTIONS if dispatch.blocked_pays(spec, d, 256)]
+
+    resnet = _spec(4, 64, 64, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    unet = _spec(1, 32, 64, 1, (19, 22, 22), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
+    res5 = _spec(4, 512, 512, 1, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))           # weights 11.8x
+    heavy = _spec(1, 256, 512, 1, (6, 7, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))   # 28x
+    mobile = _spec(8, 32, 64, 1, (112, 112), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    wide_pointwise = _spec(8, 64, 128, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))    # 192 channels
+    strided = _spec(4, 256, 128, 1, (56, 56), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))
+    wavenet = _spec(8, 32, 32, 1, (10543,), (2,), (1,), (1,), (0,), (0,))
+    narrow = _spec(4, 16, 16, 1, (64, 64), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    assert pays(resnet) == pays(res5) == ["bwd_data"]
+    assert pays(unet) == ["fwd", "bwd_data"]
+    assert pays(mobile) == ["bwd_weights"]
+    for spec in (heavy, wide_pointwise, strided, wavenet, narrow):
+        assert pays(spec) == [], str(spec)
+    assert dispatch.blocked_pays(heavy, "bwd_data", 512)                   # the 512-bit limit is 30x
+    assert dispatch.blocked_pays(resnet, "fwd", 512) and dispatch.blocked_pays(wavenet, "fwd", 512)
+    with pytest.raises(cg.ConvValueError, match="vector_bits must be 256 or 512"):
+        dispatch.blocked_pays(resnet, "fwd", 128)
 
 
 @needs_blocked

@@ -34,10 +34,10 @@ to the reference kernel, which accumulates in int64), then a cost model,
   measured numbers there), where the GEMMs have a small dimension.
 * ``blocked`` (``kernels/blocked.py``) is the convolution as its own GEMM: channels-last
   copies of the operands and a register-blocked micro-kernel compiled for this CPU with
-  llvmlite (512-bit vectors on AVX-512). It needs numba and an x86-64 host with AVX2 and
-  FMA, computes in float32, and is chosen before the thin kernel and the cost model where
-  ``blocked_pays`` (multi-tap kernels with enough work per copied element; measured
-  numbers there).
+  llvmlite (512-bit vectors on AVX-512, 256-bit on AVX2). It needs numba and an x86-64
+  host with AVX2 and FMA, computes in float32, and is chosen before the thin kernel and the
+  cost model where ``blocked_pays`` (multi-tap kernels with enough work per copied element;
+  narrower rules on AVX2 hosts; measured numbers there).
 
 The model charges the GEMM flops at a rate that falls with the smallest GEMM dimension
 (``RATE_KNEE``: a 64-wide GEMM runs at ~0.8 of peak), plus the copies and adds around
@@ -368,8 +368,8 @@ def thin_pays(spec: ConvSpec, direction: str) -> bool:
 #    rows (no copies, so none of the rules above): wavenet 32 ch k2 (84350 cells, mb1; 10543,
 #    mb8; 658, mb128; 164, mb512) 1.6 / 2.6, 1.6 / 2.6; 1.7 / 2.7, 1.7 / 2.6; 1.5 / 2.8,
 #    1.7 / 2.9; 1.5 / 3.1, 1.7 / 3.1 against the thin kernel; 64 ch k3 1.6 / 2.3 (both);
-#  - the micro-kernels run 512-bit vectors (``blocked.vector_bits``): the 256-bit build
-#    (AVX2 hosts) is correct but was not measured against the other kernels there.
+#  - the micro-kernels run 512-bit vectors (``blocked.vector_bits``); on AVX2 hosts
+#    (256-bit vectors, a 4 x 24 register tile) the narrower rules of ``_blocked_rule_256``;
 #  - since the weight blocks go through the compiled transpose (2-2.5x faster), heavier
 #    weights pay for the gradients (ms, blocked / previous choice, weight ratio):
 #    3d_unet conv_8 (26) bwd_data 6.3-6.8 / 6.4-7.1 (even), bwd_weights 4.6-4.9 / 4.0-4.4
@@ -401,17 +401,64 @@ BLOCKED_MIN_INTENSITY = {"fwd": 100, "bwd_data": 100, "bwd_weights": 16}
 BLOCKED_MAX_WEIGHT_RATIO = {"fwd": 4, "bwd_data": 30, "bwd_weights": 12}
 
 
-def blocked_pays(spec: ConvSpec, direction: str) -> bool:
-    """Whether the automatic choice runs this float32 problem on ``blocked`` (pure)."""
+def blocked_pays(spec: ConvSpec, direction: str, vector_bits: int | None = None) -> bool:
+    """Whether the automatic choice runs this float32 problem on ``blocked`` (pure), on
+    micro-kernels of ``vector_bits`` (512: AVX-512, 256: AVX2; default: this host's)."""
     if direction not in DIRECTIONS:
         raise ConvValueError(f"blocked_pays: direction must be one of {DIRECTIONS}, but got {direction!r}")
-    return _blocked_pays(spec, direction)
+    if vector_bits is None:
+        return _blocked_pays(spec, direction)
+    if vector_bits not in (256, 512):
+        raise ConvValueError(f"blocked_pays: vector_bits must be 256 or 512, but got {vector_bits!r}")
+    return _blocked_rule(spec, direction) if vector_bits == 512 else _blocked_rule_256(spec, direction)
 
 
 @functools.lru_cache(maxsize=1024)
 def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
-    # the host check last: it compiles the micro-kernels (~1 s) on its first call
-    return _blocked_rule(spec, direction) and blocked.vector_bits() >= 512
+    # the host check last: it compiles the micro-kernels (~1-2 s) on its first call
+    wide, narrow = _blocked_rule(spec, direction), _blocked_rule_256(spec, direction)
+    if not (wide or narrow):
+        return False
+    bits = blocked.vector_bits()
+    return wide if bits >= 512 else narrow if bits == 256 else False
+
+
+# On AVX2 hosts (256-bit vectors, a 4 x 24 tile) ``blocked`` is chosen only where it was
+# measured to win (AMD EPYC Zen 3, 2 threads, in-process, ms, blocked / the previous choice;
+# SGEMM 166 GFLOP/s):
+#  - data gradients of multi-tap kernels, with the lane, intensity and weight-ratio rules
+#    above but weights at most BLOCKED_256_MAX_WEIGHT_RATIO times the copied elements:
+#    resnet_50 res2a_branch2b 10.6 / 12.3, res3a_branch2b 7.9 / 11.1, res4a_branch2b
+#    7.8 / 12.4, res5a_branch2b (ratio 12) 9.9 / 10.2; 3d_unet conv_2 9.4 / 13.8, conv_3
+#    8.6 / 12.4, conv_4 7.0 / 10.6, conv_5 7.4 / 9.2, conv_7 (11) 9.0 / 11.8; but conv_8
+#    (28) 13.5 / 10.0;
+#  - 3-D forwards likewise: 3d_unet conv_2 7.5 / 9.6, conv_3 7.1 / 11.7, conv_4 6.3 / 7.6,
+#    conv_5 6.6 / 7.0, conv_7 8.1 / 9.0; 2-D forwards lose to the thin kernel and the GEMM
+#    lowerings (res3a_branch2b 8.3 / 7.2, res4a_branch2b 8.1 / 7.3, resnet_50 conv1
+#    13.9 / 11.3), as do multi-tap weight gradients (res3a_branch2b 13.0 / 11.4,
+#    res5a_branch2b 14.8 / 8.7; the tiles' strided reads of two channels-last rows per step
+#    outrun the 512 KiB L2 cache);
+#  - 1x1 weight gradients on the NCX rows (``dotkernel``) with at most
+#    BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS input + output channels: mobilenet conv2
+#    (32 -> 64, 112^2) 11.1 / 16.2, res2a_branch2a (64 -> 64) 9.6 / 9.9, but conv3
+#    (64 -> 128) 8.6 / 9.0 is even; 1x1 forwards and data gradients lose to OpenBLAS's
+#    GEMM (res2a_branch2a 11.3 / 9.5, 12.6 / 9.8), as do the 1-D rows (wavenet 32 ch k2
+#    5.9 / 4.0, 6.5 / 4.6 against the thin kernel).
+BLOCKED_256_MAX_WEIGHT_RATIO = 12
+BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS = 128
+
+
+def _blocked_rule_256(spec: ConvSpec, direction: str) -> bool:
+    if spec.icg < 2 or not blocked.eligible(spec, direction):
+        return False
+    if _prod(spec.kernel) == 1:
+        return (direction == "bwd_weights" and blocked.strided_pointwise(spec) is None and pointwise_spec(spec)
+                and blocked.pointwise_weights(spec) and _prod(spec.src) >= BLOCKED_POINTWISE_MIN_POSITIONS
+                and spec.icg + spec.ocg <= BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS)
+    if direction == "bwd_weights" or (direction == "fwd" and spec.nsp < 3) or blocked.line_spec(spec):
+        return False
+    return _blocked_rule(spec, direction) and _prod(spec.weights_shape) <= BLOCKED_256_MAX_WEIGHT_RATIO * (
+        spec.mb * (spec.ic * _prod(spec.src) + spec.oc * _prod(spec.dst)))
 
 
 def _blocked_rule(spec: ConvSpec, direction: str) -> bool:
