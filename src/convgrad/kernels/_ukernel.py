@@ -285,27 +285,55 @@ def transpose_ir(name: str, V: int) -> str:
     ``nr <= i < sl`` (the zero lanes of padded channels); nothing else is read or written.
     ``V`` rows are loaded (masked), then ``log2 V`` stages each swap one bit of the row
     index with the same bit of the column index (two two-source shuffles per pair of rows:
-    one instruction each on AVX-512 and AVX2), then ``V`` rows are stored (masked)."""
+    one instruction each on AVX-512 and AVX2), then ``V`` rows are stored (masked).
+
+    Where masks take vector registers (AVX2), masked stores are slow too (on AMD Zen 3
+    a masked 256-bit store is microcoded): the entry point takes a copy without masks
+    for whole blocks (``nr == nc == sl == V``) and one with whole-row stores, each
+    behind a branch on ``j < nc``, where ``sl == V``."""
+    if V in MASK_REGISTERS:
+        return _transpose_variant_ir(name, V, "masked", "")
+    args = "i64 %srca, i64 %src_rs, i64 %dsta, i64 %dst_rs, i64 %nr, i64 %nc, i64 %sl"
+    call = "ptr %srca, i64 %src_rs, ptr %dsta, i64 %dst_rs, i64 %nr, i64 %nc, i64 %sl".replace("ptr", "i64")
+    entry = [f"define void @{name}({args}) #0 {{", "entry:",
+             f"  %wide = icmp eq i64 %sl, {V}", f"  %fr = icmp eq i64 %nr, {V}", f"  %fc = icmp eq i64 %nc, {V}",
+             "  %frc = and i1 %fr, %fc", "  %full = and i1 %frc, %wide",
+             "  br i1 %full, label %f, label %notfull", "notfull:", "  br i1 %wide, label %w, label %m",
+             "f:", f"  call void @{name}_f({call})", "  ret void",
+             "w:", f"  call void @{name}_w({call})", "  ret void",
+             "m:", f"  call void @{name}_m({call})", "  ret void", "}"]
+    return "\n\n".join([_transpose_variant_ir(f"{name}_f", V, "plain", "internal"),
+                        _transpose_variant_ir(f"{name}_w", V, "rows", "internal"),
+                        _transpose_variant_ir(f"{name}_m", V, "masked", "internal"), "\n".join(entry)])
+
+
+def _transpose_variant_ir(name: str, V: int, mode: str, linkage: str) -> str:
+    """One copy of the transpose: ``mode`` "masked" (any block), "rows" (``sl == V``:
+    masked loads, whole rows stored where ``j < nc``) or "plain" (a whole block)."""
     vt = f"<{V} x float>"
     mt = f"<{V} x i1>"
     L: list[str] = []
     a = L.append
-    a(f"define void @{name}(i64 %srca, i64 %src_rs, i64 %dsta, i64 %dst_rs, i64 %nr, i64 %nc, i64 %sl) #0 {{")
+    link = f"{linkage} " if linkage else ""
+    a(f"define {link}void @{name}(i64 %srca, i64 %src_rs, i64 %dsta, i64 %dst_rs, i64 %nr, i64 %nc, i64 %sl) #0 {{")
     a("entry:")
     a("  %src = inttoptr i64 %srca to ptr")
     a("  %dst = inttoptr i64 %dsta to ptr")
     lanes = ", ".join(f"i32 {i}" for i in range(V))
-    for m in ("nc", "sl"):
+    for m in (("nc", "sl") if mode != "plain" else ()):
         a(f"  %{m}32 = trunc i64 %{m} to i32")
         a(f"  %{m}v.0 = insertelement <{V} x i32> poison, i32 %{m}32, i64 0")
         a(f"  %{m}v = shufflevector <{V} x i32> %{m}v.0, <{V} x i32> poison, <{V} x i32> zeroinitializer")
         a(f"  %{m}m = icmp slt <{V} x i32> <{lanes}>, %{m}v")
     for i in range(V):
-        a(f"  %in{i} = icmp sgt i64 %nr, {i}")
-        a(f"  %lm{i} = select i1 %in{i}, {mt} %ncm, {mt} zeroinitializer")
         a(f"  %lo{i} = mul i64 %src_rs, {i}")
         a(f"  %lp{i} = getelementptr float, ptr %src, i64 %lo{i}")
-        a(f"  %r0_{i} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %lp{i}, i32 4, {mt} %lm{i}, {vt} zeroinitializer)")
+        if mode == "plain":
+            a(f"  %r0_{i} = load {vt}, ptr %lp{i}, align 4")
+        else:
+            a(f"  %in{i} = icmp sgt i64 %nr, {i}")
+            a(f"  %lm{i} = select i1 %in{i}, {mt} %ncm, {mt} zeroinitializer")
+            a(f"  %r0_{i} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %lp{i}, i32 4, {mt} %lm{i}, {vt} zeroinitializer)")
     stage, bit = 0, 1
     while bit < V:
         lo = ", ".join(f"i32 {j if not j & bit else V + (j ^ bit)}" for j in range(V))
@@ -318,11 +346,22 @@ def transpose_ir(name: str, V: int) -> str:
             a(f"  %r{stage + 1}_{i | bit} = shufflevector {vt} {src_a}, {vt} {src_b}, <{V} x i32> <{hi}>")
         stage, bit = stage + 1, bit * 2
     for j in range(V):
-        a(f"  %out{j} = icmp sgt i64 %nc, {j}")
-        a(f"  %sm{j} = select i1 %out{j}, {mt} %slm, {mt} zeroinitializer")
         a(f"  %so{j} = mul i64 %dst_rs, {j}")
         a(f"  %sp{j} = getelementptr float, ptr %dst, i64 %so{j}")
-        a(f"  call void @llvm.masked.store.v{V}f32.p0({vt} %r{stage}_{j}, ptr %sp{j}, i32 4, {mt} %sm{j})")
+        if mode == "plain":
+            a(f"  store {vt} %r{stage}_{j}, ptr %sp{j}, align 4")
+        elif mode == "rows":          # rows j < nc, in order: stop at the first one past nc
+            a(f"  %out{j} = icmp sgt i64 %nc, {j}")
+            a(f"  br i1 %out{j}, label %st{j}, label %done")
+            a(f"st{j}:")
+            a(f"  store {vt} %r{stage}_{j}, ptr %sp{j}, align 4")
+        else:
+            a(f"  %out{j} = icmp sgt i64 %nc, {j}")
+            a(f"  %sm{j} = select i1 %out{j}, {mt} %slm, {mt} zeroinitializer")
+            a(f"  call void @llvm.masked.store.v{V}f32.p0({vt} %r{stage}_{j}, ptr %sp{j}, i32 4, {mt} %sm{j})")
+    if mode == "rows":
+        a("  br label %done")
+        a("done:")
     a("  ret void")
     a("}")
     return "\n".join(L)
