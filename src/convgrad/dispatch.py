@@ -432,12 +432,15 @@ def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
 #    7.8 / 12.4, res5a_branch2b (ratio 12) 9.9 / 10.2; 3d_unet conv_2 9.4 / 13.8, conv_3
 #    8.6 / 12.4, conv_4 7.0 / 10.6, conv_5 7.4 / 9.2, conv_7 (11) 9.0 / 11.8; but conv_8
 #    (28) 13.5 / 10.0;
-#  - 3-D forwards likewise: 3d_unet conv_2 7.5 / 9.6, conv_3 7.1 / 11.7, conv_4 6.3 / 7.6,
-#    conv_5 6.6 / 7.0, conv_7 8.1 / 9.0; 2-D forwards lose to the thin kernel and the GEMM
-#    lowerings (res3a_branch2b 8.3 / 7.2, res4a_branch2b 8.1 / 7.3, resnet_50 conv1
-#    13.9 / 11.3), as do multi-tap weight gradients (res3a_branch2b 13.0 / 11.4,
-#    res5a_branch2b 14.8 / 8.7; the tiles' strided reads of two channels-last rows per step
-#    outrun the 512 KiB L2 cache);
+#  - forwards likewise (the 512-bit weight ratio, 4), with at least
+#    BLOCKED_256_MIN_FORWARD_CHANNELS input channels per group: 3d_unet conv_2 7.5 / 9.6,
+#    conv_3 7.1 / 11.7, conv_4 6.3 / 7.6, conv_5 6.6 / 7.0; since the transpose's plain
+#    stores, res2a_branch2b 6.3 / 9.1, res3a_branch2b 7.3 / 9.3, res4a_branch2b 5.7 / 7.9;
+#    but resnet_50 conv1 (3 input channels) 14.8 / 10.7;
+#  - multi-tap weight gradients lose or tie (res3a_branch2b 12.4 / 11.6, res4a_branch2b
+#    8.1 / 7.0, res5a_branch2b 9.9 / 7.1, 3d_unet conv_4 13.2 / 7.5; the tiles' strided reads
+#    of two channels-last rows per step outrun the 512 KiB L2 cache), though some win
+#    (res2a_branch2b 9.8 / 11.7, conv_2 7.0 / 10.4);
 #  - 1x1 weight gradients on the NCX rows (``dotkernel``) with at most
 #    BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS input + output channels: mobilenet conv2
 #    (32 -> 64, 112^2) 11.1 / 16.2, res2a_branch2a (64 -> 64) 9.6 / 9.9, but conv3
@@ -445,6 +448,7 @@ def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
 #    GEMM (res2a_branch2a 11.3 / 9.5, 12.6 / 9.8), as do the 1-D rows (wavenet 32 ch k2
 #    5.9 / 4.0, 6.5 / 4.6 against the thin kernel).
 BLOCKED_256_MAX_WEIGHT_RATIO = 12
+BLOCKED_256_MIN_FORWARD_CHANNELS = 16
 BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS = 128
 
 
@@ -455,7 +459,8 @@ def _blocked_rule_256(spec: ConvSpec, direction: str) -> bool:
         return (direction == "bwd_weights" and blocked.strided_pointwise(spec) is None and pointwise_spec(spec)
                 and blocked.pointwise_weights(spec) and _prod(spec.src) >= BLOCKED_POINTWISE_MIN_POSITIONS
                 and spec.icg + spec.ocg <= BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS)
-    if direction == "bwd_weights" or (direction == "fwd" and spec.nsp < 3) or blocked.line_spec(spec):
+    if (direction == "bwd_weights" or (direction == "fwd" and spec.icg < BLOCKED_256_MIN_FORWARD_CHANNELS)
+            or blocked.line_spec(spec)):
         return False
     return _blocked_rule(spec, direction) and _prod(spec.weights_shape) <= BLOCKED_256_MAX_WEIGHT_RATIO * (
         spec.mb * (spec.ic * _prod(spec.src) + spec.oc * _prod(spec.dst)))
