@@ -295,14 +295,13 @@ def transpose_ir(name: str, V: int) -> str:
     if V in MASK_REGISTERS:
         return _transpose_variant_ir(name, V, "masked", "")
     args = "i64 %srca, i64 %src_rs, i64 %dsta, i64 %dst_rs, i64 %nr, i64 %nc, i64 %sl"
-    call = "ptr %srca, i64 %src_rs, ptr %dsta, i64 %dst_rs, i64 %nr, i64 %nc, i64 %sl".replace("ptr", "i64")
     entry = [f"define void @{name}({args}) #0 {{", "entry:",
              f"  %wide = icmp eq i64 %sl, {V}", f"  %fr = icmp eq i64 %nr, {V}", f"  %fc = icmp eq i64 %nc, {V}",
              "  %frc = and i1 %fr, %fc", "  %full = and i1 %frc, %wide",
              "  br i1 %full, label %f, label %notfull", "notfull:", "  br i1 %wide, label %w, label %m",
-             "f:", f"  call void @{name}_f({call})", "  ret void",
-             "w:", f"  call void @{name}_w({call})", "  ret void",
-             "m:", f"  call void @{name}_m({call})", "  ret void", "}"]
+             "f:", f"  call void @{name}_f({args})", "  ret void",
+             "w:", f"  call void @{name}_w({args})", "  ret void",
+             "m:", f"  call void @{name}_m({args})", "  ret void", "}"]
     return "\n\n".join([_transpose_variant_ir(f"{name}_f", V, "plain", "internal"),
                         _transpose_variant_ir(f"{name}_w", V, "rows", "internal"),
                         _transpose_variant_ir(f"{name}_m", V, "masked", "internal"), "\n".join(entry)])
