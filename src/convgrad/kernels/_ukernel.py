@@ -320,7 +320,7 @@ def _transpose_variant_ir(name: str, V: int, mode: str, linkage: str) -> str:
     a("  %src = inttoptr i64 %srca to ptr")
     a("  %dst = inttoptr i64 %dsta to ptr")
     lanes = ", ".join(f"i32 {i}" for i in range(V))
-    for m in (("nc", "sl") if mode != "plain" else ()):
+    for m in {"masked": ("nc", "sl"), "rows": ("nc",), "plain": ()}[mode]:     # the masks this copy reads
         a(f"  %{m}32 = trunc i64 %{m} to i32")
         a(f"  %{m}v.0 = insertelement <{V} x i32> poison, i32 %{m}32, i64 0")
         a(f"  %{m}v = shufflevector <{V} x i32> %{m}v.0, <{V} x i32> poison, <{V} x i32> zeroinitializer")
