@@ -794,6 +794,37 @@ def test_spec_cache_never_skips_validation():
     assert len(spec_mod._SPECS) <= spec_mod._SPECS_MAX
 
 
+def test_call_cache_never_skips_validation():
+    """The public functions remember validated call signatures (shapes, element types,
+    plain-int attributes); a call that differs in any of them, or passes values that only
+    compare equal to a remembered one, is still checked, and a hit gives the same result."""
+    from convgrad import ops
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 2, 5, 4)).astype(np.float32)
+    w = rng.standard_normal((3, 2, 2, 3)).astype(np.float32)
+    dy = rng.standard_normal((1, 3, 5, 2)).astype(np.float32)
+    kw = dict(strides=[1, 1], pads_begin=[1, 0], pads_end=[0, 0])
+    first = (cg.conv_forward(x, w, **kw), cg.conv_backward_data(dy, w, (5, 4), **kw),
+             cg.conv_backward_weights(x, dy, (2, 3), **kw))
+    assert sum(k[0].startswith("conv_") for k in ops._CALLS) >= 3
+    again = (cg.conv_forward(x, w, **kw), cg.conv_backward_data(dy, w, (5, 4), **kw),
+             cg.conv_backward_weights(x, dy, (2, 3), **kw))
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(TypeError, match="strides"):
+        cg.conv_forward(x, w, strides=[True, 1], pads_begin=[1, 0], pads_end=[0, 0])
+    with pytest.raises(TypeError, match="groups"):
+        cg.conv_backward_data(dy, w, (5, 4), groups=True, **kw)
+    with pytest.raises(ValueError, match="diff_dst"):
+        cg.conv_backward_weights(x, dy[:, :, :4], (2, 3), **kw)
+    with pytest.raises(ValueError, match="diff_dst"):
+        cg.conv_backward_data(dy, w, (6, 4), **kw)
+    with pytest.raises(TypeError, match="element type"):
+        cg.conv_forward(x, w.astype(np.float64), **kw)
+    np.testing.assert_array_equal(cg.conv_forward(x, w, strides=np.int64(1), pads_begin=[1, 0]), first[0])
+    assert len(ops._CALLS) <= ops._CALLS_MAX
+
+
 def test_scratch_buffers_are_written_before_read_and_never_returned(monkeypatch):
     """Packing temporaries come from per-thread reused buffers (``gemm._scratch``), which
     hold the previous block's data. Poisoned with NaN before every use, they still give

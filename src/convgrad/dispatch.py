@@ -70,12 +70,16 @@ DEFAULT_WORKSPACE_LIMIT = 256 * 1024 * 1024
 # so that results never depend on the workspace cap unless a block has to shrink to fit.
 ROWS_TARGET = 8192
 
-_state = threading.local()
+class _State(threading.local):
+    limit = DEFAULT_WORKSPACE_LIMIT     # a class default: a missing attribute costs a caught exception
+
+
+_state = _State()
 
 
 def get_workspace_limit() -> int:
     """The cap, in bytes, on the temporaries of one call (default 256 MiB)."""
-    return getattr(_state, "limit", DEFAULT_WORKSPACE_LIMIT)
+    return _state.limit
 
 
 def _check_limit(limit: object) -> int:

@@ -110,6 +110,14 @@ class ConvSpec:
     pads_begin: tuple[int, ...]
     pads_end: tuple[int, ...]
 
+    def __hash__(self) -> int:      # the planners' caches look a spec up several times per call
+        return self._hash
+
+    @functools.cached_property      # (not a field: computed once, on first use)
+    def _hash(self) -> int:
+        return hash((self.mb, self.ic, self.oc, self.groups, self.src, self.kernel, self.strides,
+                     self.dilations, self.pads_begin, self.pads_end))
+
     @property
     def nsp(self) -> int:
         return len(self.src)

@@ -159,14 +159,20 @@ class _Pin:
 
 _PIN = _Pin()
 os.register_at_fork(after_in_child=_PIN.reset)
-_local = threading.local()
+
+
+class _Local(threading.local):
+    serial = False      # a class default: a missing attribute costs a caught exception
+
+
+_local = _Local()
 
 
 @contextlib.contextmanager
 def serial() -> Iterator[None]:
     """Calls made by this thread inside run their blocks one at a time (a Dask task, whose
     parallelism is the scheduler's, uses this with ``pinned_blas``)."""
-    old = getattr(_local, "serial", False)
+    old = _local.serial
     _local.serial = True
     try:
         yield
@@ -176,7 +182,7 @@ def serial() -> Iterator[None]:
 
 def get_num_threads() -> int:
     """Worker threads a call uses now (outside a call: what the next call would use)."""
-    if getattr(_local, "serial", False):
+    if _local.serial:
         return 1
     if _num_threads is not None:
         return _num_threads
@@ -186,16 +192,19 @@ def get_num_threads() -> int:
     return _blas_threads()
 
 
-@contextlib.contextmanager
-def pinned_blas() -> Iterator[int]:
-    """BLAS at one thread inside; yields the number of worker threads to use instead."""
-    saved = _PIN.enter()
-    try:
-        if getattr(_local, "serial", False):
-            yield 1
-        else:
-            yield _num_threads if _num_threads is not None else saved
-    finally:
+class pinned_blas:
+    """``with pinned_blas() as n``: BLAS at one thread inside; ``n`` is the number of worker
+    threads to use instead. (A class, not a generator: it wraps every product of a call.)"""
+
+    __slots__ = ()
+
+    def __enter__(self) -> int:
+        saved = _PIN.enter()
+        if _local.serial:
+            return 1
+        return _num_threads if _num_threads is not None else saved
+
+    def __exit__(self, *exc) -> None:
         _PIN.exit()
 
 
