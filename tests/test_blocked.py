@@ -475,7 +475,8 @@ def test_blocked_dispatch_rule(rules_of_a_512_bit_host):
 def test_blocked_dispatch_rule_256_bit():
     """On AVX2 hosts (256-bit vectors) only what was measured to win there: data gradients
     of multi-tap kernels (weights at most 12x the activations), forwards with at least 16
-    input channels, narrow 1x1 weight gradients on the NCX rows (pure: no host needed)."""
+    input channels, narrow 1x1 weight gradients on the NCX rows, 3-D multi-tap weight
+    gradients with 64 or more outputs and at most 128 channels (pure: no host needed)."""
     def pays(spec):
         return [d for d in dispatch.DIRECTIONS if dispatch.blocked_pays(spec, d, 256)]
 
@@ -489,7 +490,13 @@ def test_blocked_dispatch_rule_256_bit():
     wavenet = _spec(8, 32, 32, 1, (10543,), (2,), (1,), (1,), (0,), (0,))
     narrow = _spec(4, 16, 16, 1, (64, 64), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
     conv1 = _spec(4, 3, 64, 1, (224, 224), (7, 7), (2, 2), (1, 1), (3, 3), (2, 2))
-    assert pays(resnet) == pays(unet) == ["fwd", "bwd_data"]
+    unet3 = _spec(1, 64, 64, 1, (16, 18, 18), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
+    unet4 = _spec(1, 64, 128, 1, (12, 14, 14), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
+    thin3d = _spec(1, 32, 32, 1, (24, 24, 24), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), (1, 1, 1))
+    assert pays(resnet) == ["fwd", "bwd_data"]
+    assert pays(unet) == pays(unet3) == list(dispatch.DIRECTIONS)               # 32 -> 64, 64 -> 64 channels, 3-D
+    assert pays(unet4) == ["fwd", "bwd_data"]                             # 192 channels
+    assert "bwd_weights" not in pays(thin3d)                               # 32 outputs: the thin kernel's
     assert pays(res5) == ["bwd_data"]                                      # the forward's ratio is 4
     assert pays(conv1) == [] and dispatch.blocked_pays(conv1, "fwd", 512)
     assert pays(mobile) == ["bwd_weights"]

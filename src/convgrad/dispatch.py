@@ -451,9 +451,19 @@ def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
 #    (64 -> 128) 8.6 / 9.0 is even; 1x1 forwards and data gradients lose to OpenBLAS's
 #    GEMM (res2a_branch2a 11.3 / 9.5, 12.6 / 9.8), as do the 1-D rows (wavenet 32 ch k2
 #    5.9 / 4.0, 6.5 / 4.6 against the thin kernel).
+#  - multi-tap 3-D weight gradients with few channels do win: at most
+#    BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS input + output channels and at least
+#    BLOCKED_256_3D_WEIGHTS_MIN_OUTPUTS outputs (fewer are the thin kernel's, which ties or
+#    wins: 32 ch 24^3 10.2 / 10.4, 16 -> 32 ch 40^3 11.7 / 13.2). Measured later (min / median
+#    of 3 x 5 calls, ms, blocked / im2col): 3d_unet conv_2 (32 -> 64) 9.8 / 10.9 and 8.5 /
+#    12.5, conv_3 (64 -> 64) 7.8 / 9.1 and 7.6 / 9.6, 48 -> 64 ch 20^3 mb2 8.8 / 12.9; but
+#    conv_4 (64 -> 128) 6.8 / 6.4 and 8.2 / 6.8, conv_5 - conv_8 (128-512 channels) even or
+#    slower, and 2-D res2a_branch2b (64 -> 64) 11.5 / 11.1.
 BLOCKED_256_MAX_WEIGHT_RATIO = 12
 BLOCKED_256_MIN_FORWARD_CHANNELS = 16
 BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS = 128
+BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS = 128
+BLOCKED_256_3D_WEIGHTS_MIN_OUTPUTS = 64
 
 
 def _blocked_rule_256(spec: ConvSpec, direction: str) -> bool:
@@ -463,8 +473,10 @@ def _blocked_rule_256(spec: ConvSpec, direction: str) -> bool:
         return (direction == "bwd_weights" and blocked.strided_pointwise(spec) is None and pointwise_spec(spec)
                 and blocked.pointwise_weights(spec) and _prod(spec.src) >= BLOCKED_POINTWISE_MIN_POSITIONS
                 and spec.icg + spec.ocg <= BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS)
-    if (direction == "bwd_weights" or (direction == "fwd" and spec.icg < BLOCKED_256_MIN_FORWARD_CHANNELS)
-            or blocked.line_spec(spec)):
+    if direction == "bwd_weights":
+        return (spec.nsp == 3 and spec.ocg >= BLOCKED_256_3D_WEIGHTS_MIN_OUTPUTS
+                and spec.icg + spec.ocg <= BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS and _blocked_rule(spec, direction))
+    if (direction == "fwd" and spec.icg < BLOCKED_256_MIN_FORWARD_CHANNELS) or blocked.line_spec(spec):
         return False
     return _blocked_rule(spec, direction) and _prod(spec.weights_shape) <= BLOCKED_256_MAX_WEIGHT_RATIO * (
         spec.mb * (spec.ic * _prod(spec.src) + spec.oc * _prod(spec.dst)))

@@ -82,7 +82,10 @@ LANES = 8
 # depthwise layers, 1 thread): channels-last wins on 7x7 outputs and loses badly on large
 # images, whose transposed blocks leave the cache; weight gradient, whole call: 14x14
 # outputs channels-last 0.33 ms, phase grids 0.47-0.65; 28x28 outputs 0.62 / 0.50 ms.
-SMALL_IMAGE = 100
+# 14x14 outputs (AMD VM, 2 threads, min of 3 x 100 calls, ms, phase grids / channels-last):
+# mobilenet conv4_2/dw (256 x 28^2, stride 2) data gradient 0.29 / 0.24, forward 0.24 /
+# 0.17; conv5_1/dw (512 x 14^2) 0.19 / 0.19 and 0.20 / 0.20.
+SMALL_IMAGE = 196
 SMALL_IMAGE_BWD_WEIGHTS = 400
 CB_CHANNELS = 64
 
