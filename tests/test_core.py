@@ -739,8 +739,9 @@ def test_latent_data_gradient_scatters_instead_of_flipping():
 
 
 def test_col2im_scatter_layouts_match_reference(monkeypatch):
-    """The col2im data gradient scatters channel-last (many channels, small outputs) or
-    through stride-phase grids (few channels): both exact against the float64 reference
+    """The col2im data gradient scatters channel-last (many channels, small outputs; Z in
+    (tap, channel) order, or in the weights' own (channel, tap) order when the weights are
+    heavy) or through stride-phase grids (few channels): all exact against the float64 reference
     over every output-size remainder, non-square kernels, C_in != C_out, groups, and
     bitwise identical across thread counts and workspace caps."""
     import threadpoolctl
@@ -750,6 +751,7 @@ def test_col2im_scatter_layouts_match_reference(monkeypatch):
     cases = []
     for extra in range(3):                                      # every (i + pads - ek) % s
         cases += [_spec(2, 24, 7, 1, (9 + extra, 8), (3, 2), (2, 2), (1, 1), (1, 0), (0, 1)),        # channels
+                  _spec(1, 24, 64, 1, (7 + extra, 11), (3, 2), (2, 2), (1, 1), (1, 0), (0, 1)),      # channels_ct
                   _spec(1, 40, 6, 2, (5 + extra, 6, 4), (2, 3, 2), (2, 1, 2), (1, 1, 1), (0, 1, 1), (1, 0, 0)),
                   _spec(3, 3, 5, 1, (17 + extra, 12), (4, 3), (3, 2), (1, 2), (2, 1), (1, 0)),         # phases
                   _spec(2, 2, 7, 1, (11 + extra,), (5,), (2,), (2,), (3,), (0,)),
@@ -770,7 +772,7 @@ def test_col2im_scatter_layouts_match_reference(monkeypatch):
                 runs.append(cg.conv_backward_data(dy32, w32, spec.src, algorithm="im2col", **_kw(spec)))
         for other in runs[1:]:
             np.testing.assert_array_equal(runs[0], other, err_msg=str(spec))
-    assert seen >= {"channels", "phases"}
+    assert seen >= {"channels", "channels_ct", "phases"}
 
 
 def test_spec_cache_never_skips_validation():

@@ -600,13 +600,21 @@ def _scatter_layout(spec: ConvSpec, b: Block) -> str:
       output axis (deep layers, small images), and not far more output channels than
       output positions, Z rows-major with the taps outermost, scattered channel-last by
       ``_col2im_channels_last``: each add runs along the channels.
+    * ``channels_ct``: as ``channels`` but with far more output channels than positions
+      (heavy weights): Z rows-major in the weights' own (channel, tap) order, so the
+      weights need no transposing copy, scattered channel-last reading Z with a stride of
+      T along the channels.
     * ``phases``: otherwise, Z K-major, scattered by ``_col2im_phases`` along the output
       rows (stride-phase grids, so the adds are unit-stride even with strides).
 
     Measured (one thread, adds only): 3d_unet conv_7 (256 channels, 5x6x6 outputs, 27
     taps) 4.8 ms channel-major, 0.7 ms channel-last; resnet_50 conv1 (3 channels, 4 x
     112x112 outputs, 7x7 stride 2) 8.1 ms strided, 4.5 ms on phase grids; 64 channels on
-    2 x 56x56 outputs 2.1 ms channel-major, 3.3 ms channel-last.
+    2 x 56x56 outputs 2.1 ms channel-major, 3.3 ms channel-last; 3d_unet conv_8 (256
+    channels, a 2x5x5 slab, 512 output channels) 1.91 ms on phase grids, 0.79 channel-last
+    with Z in (channel, tap) order, 0.25 in (tap, channel) order (AMD VM), where the
+    products cost the same in either order (4.9-5.1 ms) but the (tap, channel) weights a
+    transposing copy of 14 MB.
     """
     if _rows_major(spec, b):
         return "rows"
@@ -618,8 +626,8 @@ def _scatter_layout(spec: ConvSpec, b: Block) -> str:
     # Channel-last needs the weights in (T, Cg) order: a copy that costs about what the
     # scatter saves once the weights outgrow twice Z (3d_unet conv_8, 100 output positions,
     # 512 output channels: 8.5 ms channel-last, 7.6 on phase grids).
-    if spec.icg >= 4 * dst_b[-1] and 2 * spec.mb * math.prod(spec.dst) >= spec.ocg:
-        return "channels"
+    if spec.icg >= 4 * dst_b[-1]:
+        return "channels" if 2 * spec.mb * math.prod(spec.dst) >= spec.ocg else "channels_ct"
     return "phases"
 
 
@@ -1325,9 +1333,14 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
                 _col2im_channels_last(spec, z.reshape(block_dst + (g, t, cg)),
                                       padded.reshape(padded.shape[:-1] + (g, cg)))
                 return b, np.moveaxis(padded, -1, 1)   # (nb, C, *padded rows) view
-            if layout == "rows":                       # Z^T = dY^T @ W_cols^T, stored (rows, G, Cg*T)
+            if layout in ("rows", "channels_ct"):      # Z^T = dY^T @ W_cols^T, stored (rows, G, Cg*T)
                 z = _scratch("a", (rows, g, cg * t), dtype)
                 matmul_into(dy.swapaxes(1, 2), w_cols.swapaxes(1, 2), z.transpose(1, 0, 2), False)
+                if layout == "channels_ct":            # (nb, *dst_b, G, T, Cg) view, Cg strided by T
+                    padded = np.zeros((b.nb,) + _padded_rows(spec, b) + (spec.ic,), dtype=dtype)
+                    _col2im_channels_last(spec, z.reshape(block_dst + (g, cg, t)).swapaxes(-1, -2),
+                                          padded.reshape(padded.shape[:-1] + (g, cg)))
+                    return b, np.moveaxis(padded, -1, 1)
                 z = z.reshape(block_dst + (g, cg) + spec.kernel)
                 z = z.transpose((nsp + 1, nsp + 2) + tuple(range(nsp + 3, 2 * nsp + 3)) + tuple(range(nsp + 1)))
             else:
