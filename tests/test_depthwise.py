@@ -196,27 +196,27 @@ def test_direct_bitwise_across_threads_caps_and_layouts(variant):
             np.testing.assert_array_equal(a, b)
 
 
-def test_direct_pool_rule_counts_work_and_streamed_elements():
-    """Small problems run on the calling thread; the phase grids of large images go to the
-    pool when they stream PARALLEL_ELEMENTS elements, even below the work threshold; the
-    channels-last blocks (small images) never do on that count alone. The thresholds are
-    part of the remembered plan's key."""
-    big = _spec(1, 64, 1, (112, 112), (3, 3), (2, 2), (1, 1), (1, 1), (0, 0))      # mobilenet conv2_2/dw
-    small = _spec(1, 256, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))     # conv4_1/dw
-    assert dwk._macs_per_channel(big) * big.ic < dwk.PARALLEL_MACS
+def test_direct_pool_rule_is_remembered_per_threshold():
+    """Small problems run on the calling thread, larger ones on the pool; the remembered
+    plan is keyed on the thread count and the work threshold, so a test (or a user) that
+    changes ``PARALLEL_MACS`` gets the plan of the new value."""
+    spec = _spec(1, 256, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))     # mobilenet conv4_1/dw
+    assert dwk._macs_per_channel(spec) * spec.ic < dwk.PARALLEL_MACS
     limit = 1 << 30
     for direction in dispatch.DIRECTIONS:
-        assert not dwk.channels_last(big, direction)
-        blocks, workers = dwk._plan_cached(big, 0, 1024, limit, direction, 1, 2, dwk.PARALLEL_MACS,
-                                           dwk.PARALLEL_ELEMENTS)
+        assert dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 2, dwk.PARALLEL_MACS)[1] == 1
+        blocks, workers = dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 2, 0)
         assert workers == 2 and len(blocks) >= 2, direction
-        assert dwk._plan_cached(big, 0, 1024, limit, direction, 1, 2, dwk.PARALLEL_MACS, 1 << 40)[1] == 1
-        assert dwk._plan_cached(big, 0, 1024, limit, direction, dwk.CB_CHANNELS, 2, dwk.PARALLEL_MACS,
-                                dwk.PARALLEL_ELEMENTS)[1] == 1
-        assert dwk._plan_cached(small, 0, 1024, limit, direction, 1, 2, dwk.PARALLEL_MACS,
-                                dwk.PARALLEL_ELEMENTS)[1] == 1
-        assert dwk._plan_cached(small, 0, 1024, limit, direction, 1, 2, 0, dwk.PARALLEL_ELEMENTS)[1] == 2
-        assert dwk._plan_cached(small, 0, 1024, limit, direction, 1, 1, 0, dwk.PARALLEL_ELEMENTS)[1] == 1
+        assert dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 1, 0)[1] == 1
+    old = dwk.PARALLEL_MACS
+    try:
+        cg.set_num_threads(2)
+        assert dwk._plan(spec, 0, 1024, limit, "fwd")[1] == 1
+        dwk.PARALLEL_MACS = 0
+        assert dwk._plan(spec, 0, 1024, limit, "fwd")[1] == 2
+    finally:
+        dwk.PARALLEL_MACS = old
+        cg.set_num_threads(None)
 
 
 @needs_numba

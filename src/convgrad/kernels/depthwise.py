@@ -55,20 +55,13 @@ CHANNEL_MACS = 1500
 # much work there. (Weight gradients had a factor 0.5 on the phase grids, from the AMD VM;
 # on the Intel one 256 x 28^2 at 1.8M took 0.37 / 0.45 ms and 128 x 56^2 at 3.6M 0.48 / 0.50,
 # so they share the threshold.)
+# Tried on the AMD VM: the pool also for the phase grids of large images below the
+# threshold (they stream src and dst from memory). The best of 150 calls gained 10-25 %,
+# but the medians of 200 were mixed (ms, one thread -> two): conv2_1/dw weight gradient
+# 0.33 -> 0.49, conv3_1/dw data gradient 0.44 -> 0.54, conv3_2/dw weight gradient 0.51 ->
+# 0.46: handing a block to a pool thread costs 70 us at best and 140 in the median there.
 PARALLEL_FACTOR = {False: {"fwd": 1.0, "bwd_data": 1.0, "bwd_weights": 1.0},
                    True: {"fwd": 2.0, "bwd_data": 2.0, "bwd_weights": 1.0}}
-# The phase grids of large images also use the pool, whatever their work, when a call
-# reads and writes at least PARALLEL_ELEMENTS elements of src and dst: they stream them
-# from memory, and two cores stream faster than one. Measured (AMD VM, 2 threads, whole
-# public calls, best of 2 x 150, ms, one thread -> two; bwd_weights, bwd_data, fwd):
-# mobilenet conv2_2/dw (64 x 112^2 stride 2, 1.8M multiply-adds, 1.0M elements) 0.40-0.59
-# -> 0.35-0.44, 0.35 -> 0.31-0.33, 0.38-0.39 -> 0.32-0.33; conv3_1/dw (128 x 56^2, 3.6M,
-# 0.8M) 0.36-0.37 -> 0.31, 0.30-0.35 -> 0.28-0.29, 0.43-0.46 -> 0.29-0.34; conv3_2/dw
-# (128 x 56^2 stride 2, 0.9M, 0.5M) 0.33 -> 0.30, 0.37 -> 0.25, 0.29 -> 0.23; conv2_1/dw
-# (32 x 112^2, 3.6M, 0.8M) 0.31 -> 0.27-0.30, 0.29-0.30 -> 0.28-0.29, but 0.30 -> 0.30-0.33;
-# conv4_1/dw (256 x 28^2, 1.8M, 0.4M elements) gained nothing (0.26 / 0.28 in an earlier
-# test), so it stays on one thread.
-PARALLEL_ELEMENTS = 450_000
 # Chunks per worker thread (threads take the next chunk when they are free, so a worker
 # that wakes late takes fewer) and the fewest multiply-adds worth one chunk.
 CHUNKS_PER_WORKER = 4
@@ -148,21 +141,19 @@ def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_li
     demands less.
     """
     return _plan_cached(spec, per_channel_bytes, fixed_bytes, workspace_limit, direction, unit,
-                        threads.get_num_threads(), PARALLEL_MACS, PARALLEL_ELEMENTS)
+                        threads.get_num_threads(), PARALLEL_MACS)
 
 
 @functools.lru_cache(maxsize=256)
 def _plan_cached(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_limit: int,
-                 direction: str, unit: int, num_threads: int, parallel_macs: int,
-                 parallel_elements: int) -> tuple[tuple[tuple[int, int], ...], int]:
+                 direction: str, unit: int, num_threads: int,
+                 parallel_macs: int) -> tuple[tuple[tuple[int, int], ...], int]:
     # remembered: a small call repeats its plan (the rules cost ~5 us of a 35 us call); the
-    # thresholds are arguments, so that a changed module constant is a new key
+    # threshold is an argument, so that a changed module constant is a new key
     c = spec.ic
     per_channel = _macs_per_channel(spec)
     serial = parallel_macs * PARALLEL_FACTOR[unit > 1][direction]
-    streamed = unit == 1 and spec.mb * (spec.ic * math.prod(spec.src) + spec.oc * math.prod(spec.dst)) \
-        >= parallel_elements
-    workers = 1 if (per_channel + CHANNEL_MACS) * c < serial and not streamed else max(1, min(c, num_threads))
+    workers = 1 if (per_channel + CHANNEL_MACS) * c < serial else max(1, min(c, num_threads))
     # one thread: one chunk (each chunk is a compiled call, about 10 us of argument unboxing)
     chunk = c if workers == 1 else min(-(-c // workers), max(-(-c // (workers * CHUNKS_PER_WORKER)),
                                                              -(-MIN_CHUNK_MACS // max(1, per_channel))))
