@@ -623,9 +623,10 @@ def _scatter_layout(spec: ConvSpec, b: Block) -> str:
         s, d, k = spec.strides[j], spec.dilations[j], spec.kernel[j]
         if 4 * min(-(-(d * (k - 1) + 1) // s), dst_b[j]) <= k:
             return "classes"
-    # Channel-last needs the weights in (T, Cg) order: a copy that costs about what the
+    # ``channels`` needs the weights in (T, Cg) order: a copy that costs about what the
     # scatter saves once the weights outgrow twice Z (3d_unet conv_8, 100 output positions,
-    # 512 output channels: 8.5 ms channel-last, 7.6 on phase grids).
+    # 512 output channels: 8.5 ms channel-last, 7.6 on phase grids), so heavier weights take
+    # ``channels_ct``, which reads them as they are.
     if spec.icg >= 4 * dst_b[-1]:
         return "channels" if 2 * spec.mb * math.prod(spec.dst) >= spec.ocg else "channels_ct"
     return "phases"
