@@ -6,6 +6,8 @@ workspace caps, inputs untouched, and the errors of the keyword where it cannot 
 
 from __future__ import annotations
 
+import math
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -411,6 +413,25 @@ def test_strided_gradients_on_phases_match_reference(dtype):
             assert err <= (1e-12 if dtype == np.float64 else 1e-5), (name, str(spec), err)
         assert all(np.array_equal(a, b) for a, b in zip((x, w, dy), snap))
     assert remainders == {0, 1, 2}
+
+
+def test_phase_weight_gradient_sums_only_the_live_terms():
+    """The phased weight gradient sums only the terms whose tap lies in the kernel: they
+    are exactly the nonzero taps of the phase kernel built from an all-ones kernel (an
+    independent construction: reshapes and transposes of a padded array), 9 of 16 per
+    channel for a 3x3 stride-2 kernel, 49 of 64 for 7x7."""
+    for spec in _strided_cases() + [
+            make_spec("t", mb=1, ic=3, oc=4, groups=1, src=(12, 12), kernel=(3, 3), strides=(2, 2), dilations=1,
+                      pads_begin=(1, 1), pads_end=(0, 0)),
+            make_spec("t", mb=1, ic=3, oc=4, groups=1, src=(20, 20), kernel=(7, 7), strides=(2, 2), dilations=1,
+                      pads_begin=(3, 3), pads_end=(2, 2))]:
+        pspec = thin.phase_spec(spec)
+        ones = np.ones(spec.weights_shape)
+        want = np.flatnonzero(thin._phase_weights(spec, pspec, ones, np.float64)[0].reshape(-1))
+        got = thin._live_terms(spec, pspec)
+        assert got.dtype == np.int64 and np.array_equal(got, want), str(spec)
+        assert got.size == spec.icg * math.prod(spec.kernel)
+    assert thin._live_terms(spec, pspec).size == 3 * 49
 
 
 @needs_numba

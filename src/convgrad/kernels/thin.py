@@ -349,13 +349,29 @@ def _phased_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndar
     return out
 
 
+def _live_terms(spec: ConvSpec, pspec: ConvSpec) -> np.ndarray:
+    """The terms (phase channel ``c*P + r``, tap ``q``) of the phase problem, in the order
+    of its weights, whose tap ``s*q + r`` lies inside the kernel on every axis (pure). The
+    others are the zero taps of ``_phase_weights``: their sums would be dropped, so the
+    weight gradient skips them (resnet_50 conv1, 7x7 stride 2: 49 of 64 terms per channel
+    are live; a 3x3 stride-2 kernel: 9 of 16)."""
+    live = np.ones((spec.icg,) + tuple(spec.strides) + pspec.kernel, dtype=bool)
+    for a, (s, k, q) in enumerate(zip(spec.strides, spec.kernel, pspec.kernel)):
+        tap = s * np.arange(q)[None, :] + np.arange(s)[:, None]        # (r, q) -> s*q + r
+        shape = [1] * (1 + 2 * spec.nsp)
+        shape[1 + a], shape[1 + spec.nsp + a] = s, q
+        live &= (tap < k).reshape(shape)
+    return np.flatnonzero(live.reshape(-1)).astype(np.int64)
+
+
 def _phased_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, *, dtype,
                              workspace_limit: int) -> np.ndarray:
     """Weight gradient of a strided problem: the stride-1 weight gradient on phase channels,
     its real taps read back (``phase_spec``)."""
     pspec = phase_spec(spec)
     xph = _phase_input(spec, pspec, src, dtype)
-    dw = conv_backward_weights(pspec, xph, diff_dst, dtype=dtype, workspace_limit=workspace_limit - xph.nbytes)
+    dw = conv_backward_weights(pspec, xph, diff_dst, dtype=dtype, workspace_limit=workspace_limit - xph.nbytes,
+                               live=_live_terms(spec, pspec))
     if _not_finite(dw):
         return _fallback(spec, "bwd_weights", src, diff_dst, dtype, workspace_limit)
     split = (spec.oc, spec.icg) + tuple(spec.strides) + pspec.kernel
@@ -433,7 +449,9 @@ def _bw_cuts(spec: ConvSpec) -> list[int]:
 
 
 def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, *, dtype,
-                          workspace_limit: int) -> np.ndarray:
+                          workspace_limit: int, live: np.ndarray | None = None) -> np.ndarray:
+    """The weight gradient; ``live`` (sorted term indices ``c*T + k``, the phase problem's
+    ``_live_terms``) restricts the sums to those terms, the others are zero."""
     dtype = np.dtype(dtype)
     if phase_spec(spec) is not None:
         return _phased_backward_weights(spec, src, diff_dst, dtype=dtype, workspace_limit=workspace_limit)
@@ -442,6 +460,8 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     n_terms = spec.icg * math.prod(spec.kernel)
     if spec.mb == 0 or 0 in spec.dst:
         return np.zeros(spec.weights_shape, dtype=dtype)
+    if live is None:
+        live = np.arange(n_terms, dtype=np.int64)
     held = (_converted(src.shape, src.dtype, src.flags.c_contiguous, dtype)
             + _converted(diff_dst.shape, diff_dst.dtype, diff_dst.flags.c_contiguous, dtype))
     cuts = _bw_cuts(spec)
@@ -461,12 +481,16 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     # runs of consecutive items per call (one set of buffers each; any grouping gives the
     # same bits, as every item writes its own partial)
     runs, workers = _plan(spec, items, held + partials, _bw_scratch(spec, item), workspace_limit, "bwd_weights")
-    part = np.zeros((n_chunks, spec.groups, spec.ocg, n_terms))
-    ocg_pad, n_u_pad = _round_up(spec.ocg, jit.WO), _round_up(n_terms, jit.WU)
+    part = np.zeros((n_chunks, spec.groups, spec.ocg, live.size))
+    ocg_pad, n_u_pad = _round_up(spec.ocg, jit.WO), _round_up(live.size, jit.WU)
     cut_arr = np.array(cuts, dtype=np.int64)
-    run_each(lambda r: jit.backward_weights(x3, dy3, part, geo, cut_arr, r[0], r[1], ocg_pad, n_u_pad),
+    run_each(lambda r: jit.backward_weights(x3, dy3, part, geo, cut_arr, r[0], r[1], ocg_pad, n_u_pad, live),
              runs, workers)
     total = part[0]
     for p in part[1:]:
         total += p
-    return total.astype(dtype).reshape(spec.weights_shape)
+    if live.size == n_terms:
+        return total.astype(dtype).reshape(spec.weights_shape)
+    dw = np.zeros((spec.groups, spec.ocg, n_terms), dtype=dtype)
+    dw[:, :, live] = total
+    return dw.reshape(spec.weights_shape)
