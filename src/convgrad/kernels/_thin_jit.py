@@ -86,6 +86,46 @@ def _fill(x, c_lo, cg, buf, width, lo, hi, q0, q1, q2, p0, p1, p2):
         f = end
 
 
+@njit(nogil=True, cache=True)
+def _fill_phases(x, pgeo, c_lo, cg, buf, width, lo, hi, q0, q1, q2):
+    """``_fill`` of the phase problem (``thin.phase_spec``) read from the strided problem's
+    own input ``x`` (N, C, S0, S1, S2): phase channel ``c_lo + c = ch*P + r`` holds
+    ``x[n, ch, s*j + r - pb]`` at phase cell ``j`` of grids ``q``, zero outside ``x`` and
+    on cells no real tap reads (``_last_read``); ``pgeo`` = ``(s0, s1, s2, pb0, pb1, pb2,
+    k0, k1, k2)``. A copy of the whole phase array made first cost mobilenet conv1's
+    weight gradient (mb32, 19 MB input) a pass that wrote 19.6 MB and one that read it
+    back: 21.5-26 -> 13.6-13.7 ms with the live terms (median, alternating processes)."""
+    s0, s1, s2, pb0, pb1, pb2 = pgeo[0], pgeo[1], pgeo[2], pgeo[3], pgeo[4], pgeo[5]
+    n_ch, d_in, h_in, w_in = x.shape[1], x.shape[2], x.shape[3], x.shape[4]
+    xf = x.reshape(-1)
+    p12 = s1 * s2
+    for c in range(cg):
+        ch, r = (c_lo + c) // (s0 * p12), (c_lo + c) % (s0 * p12)
+        r0, r1, r2 = r // p12, (r // s2) % s1, r % s2
+        last0 = _last_read(r0, s0, pgeo[6], q0)
+        last1 = _last_read(r1, s1, pgeo[7], q1)
+        lo2, hi2 = _phase_range(r2, s2, pb2, q2, w_in)
+        hi2 = max(lo2, min(hi2, _last_read(r2, s2, pgeo[8], q2) + 1))
+        f = lo
+        while f < hi:
+            n, a, b, col = _cell(f, q0, q1, q2)
+            end = min(hi, f - col + q2)
+            cnt = end - f
+            i_d, i_h = s0 * a + r0 - pb0, s1 * b + r1 - pb1
+            inside = 0 <= i_d < d_in and 0 <= i_h < h_in and a <= last0 and b <= last1
+            first = min(cnt, max(0, lo2 - col)) if inside else cnt
+            last = max(first, min(cnt, hi2 - col)) if inside else cnt
+            out = c * width + f - lo
+            for j in range(first):
+                buf[out + j] = 0
+            if last > first:
+                row = (((n * n_ch + ch) * d_in + i_d) * h_in + i_h) * w_in
+                _gather_strided(buf, xf, out + first, row + s2 * (col + first) + r2 - pb2, last - first, s2)
+            for j in range(last, cnt):
+                buf[out + j] = 0
+            f = end
+
+
 _registers = stack_registers(OB * R)     # the register tile (``_jit_common``)
 
 
@@ -350,12 +390,14 @@ def _gather(dyb, dy, o_lo, ocg, lo, cnt, q0, q1, q2, outs0, outs1, outs2):
 
 
 @njit(nogil=True, cache=True)
-def backward_weights(x, dy, part, geo, cuts, i0, i1, ocg_pad, n_u_pad, live):
+def backward_weights(x, dy, part, geo, cuts, i0, i1, ocg_pad, n_u_pad, live, pgeo):
     """Items ``[i0, i1)`` of the flat list ``g*chunks + chunk``: item (g, ch) sums the
     flat positions ``[cuts[ch], cuts[ch + 1])`` of group ``g`` (multiples of L) into L
     lane sums per (output channel, term ``live[i]``), walked in tiles of ``tile`` positions, then adds
     the lanes in order (l = 0, 1, ..., L - 1, in float64) into ``part[ch, g]``. The sums
-    depend on the cuts, never on the tile length or on which thread runs the item."""
+    depend on the cuts, never on the tile length or on which thread runs the item. With
+    ``pgeo`` (``_fill_phases``; empty otherwise) the problem is a phase problem and
+    ``x`` the strided problem's input, its tiles filled by ``_fill_phases``."""
     n_img = x.shape[0]
     outs0, outs1, outs2 = dy.shape[2], dy.shape[3], dy.shape[4]
     p0, p1, p2 = geo[3], geo[4], geo[5]
@@ -363,7 +405,8 @@ def backward_weights(x, dy, part, geo, cuts, i0, i1, ocg_pad, n_u_pad, live):
     n_groups = part.shape[1]
     ocg = part.shape[2]
     n_chunks = cuts.shape[0] - 1
-    cg = x.shape[1] // n_groups
+    phases = pgeo.shape[0] > 0
+    cg = x.shape[1] * (pgeo[0] * pgeo[1] * pgeo[2] if phases else 1) // n_groups
     q0, q1, q2, max_off, span = _grid(n_img, outs0, outs1, outs2, geo)
     width = tile + max_off
     offs = _offsets(cg, geo, q1, q2, width, n_u_pad, live)
@@ -379,7 +422,10 @@ def backward_weights(x, dy, part, geo, cuts, i0, i1, ocg_pad, n_u_pad, live):
         for lo in range(cuts[ch], min(cuts[ch + 1], span), tile):
             cnt = min(tile, min(cuts[ch + 1], span) - lo)
             cnt_l = (cnt + L - 1) // L * L
-            _fill(x, g * cg, cg, buf, width, lo, lo + cnt + max_off, q0, q1, q2, p0, p1, p2)
+            if phases:
+                _fill_phases(x, pgeo, g * cg, cg, buf, width, lo, lo + cnt + max_off, q0, q1, q2)
+            else:
+                _fill(x, g * cg, cg, buf, width, lo, lo + cnt + max_off, q0, q1, q2, p0, p1, p2)
             _gather(dyb, dy, g * ocg, ocg, lo, cnt, q0, q1, q2, outs0, outs1, outs2)
             for o in range(ocg):
                 row = dyb[o]
@@ -442,7 +488,7 @@ def _gather_strided(dst, src, d0, s0, n, s):
     wrap test per element) and the stride a constant in the stride-2 branch: LLVM makes a
     faster loop of each. Measured, one thread, the 19 MB input of mobilenet conv1 (mb32):
     a bare stride-2 row copy 5.8 ms with signed offsets, 4.1 with a variable stride, 2.1
-    with neither; ``phase_split`` with this loop 8.5 -> 4.3 ms (2 threads 4.8 -> 2.4-3.1)."""
+    with neither (a whole phase split in views, as ``phase_merge`` is, took 8.5)."""
     d0, s0 = np.uint64(d0), np.uint64(s0)
     if s == 2:
         for j in range(np.uint64(n)):
@@ -454,48 +500,10 @@ def _gather_strided(dst, src, d0, s0, n, s):
 
 
 @njit(nogil=True, cache=True)
-def phase_split(x, geo, xph, k0, k1):
-    """``xph[n, c, r0, r1, r2, j0, j1, j2] = x[n, c, s*j + r - pb]`` for the (image,
-    channel) pairs ``k0 <= n*C + c < k1``, zero outside ``x`` and on cells no real tap
-    reads (so that what lies in input cells no output reads never enters a sum); every
-    cell of those pairs is written. Rows are addressed by flat offsets: a 2-D first layer
-    has rows of ~110 cells, where making two array views per row cost more than the copy
-    (``_gather_strided``)."""
-    n_ch, i0n, i1n, i2n, s0, s1, s2, l0, l1, l2, pb0, pb1, pb2 = _phase_dims(x, xph, geo)
-    xf = x.reshape(-1)
-    of = xph.reshape(-1)
-    lo2 = np.empty(s2, np.int64)
-    hi2 = np.empty(s2, np.int64)
-    for r2 in range(s2):
-        lo, hi = _phase_range(r2, s2, pb2, l2, i2n)
-        lo2[r2], hi2[r2] = lo, max(lo, min(hi, _last_read(r2, s2, geo[8], l2) + 1))
-    for k in range(k0, k1):
-        for r0 in range(s0):
-            last0 = _last_read(r0, s0, geo[6], l0)
-            for j0 in range(l0):
-                i0 = s0 * j0 + r0 - pb0
-                for r1 in range(s1):
-                    last1 = _last_read(r1, s1, geo[7], l1)
-                    for j1 in range(l1):
-                        i1 = s1 * j1 + r1 - pb1
-                        inside = 0 <= i0 < i0n and 0 <= i1 < i1n and j0 <= last0 and j1 <= last1
-                        src = ((k * i0n + i0) * i1n + i1) * i2n
-                        for r2 in range(s2):
-                            dst = ((((((k * s0 + r0) * s1 + r1) * s2 + r2) * l0 + j0) * l1 + j1) * l2)
-                            lo, hi = (lo2[r2], hi2[r2]) if inside else (l2, l2)
-                            for j2 in range(lo):
-                                of[dst + j2] = 0.0
-                            if hi > lo:
-                                _gather_strided(of, xf, dst + lo, src + s2 * lo + r2 - pb2, hi - lo, s2)
-                            for j2 in range(max(lo, hi), l2):
-                                of[dst + j2] = 0.0
-
-
-@njit(nogil=True, cache=True)
 def phase_merge(dph, geo, out, k0, k1):
     """``out[n, c, i] = dph[n, c, r, j]`` with ``s*j + r = i + pb`` (zero past the phase
     grids) for the (image, channel) pairs ``k0 <= n*C + c < k1``: the inverse of
-    ``phase_split`` on the cells of ``out``."""
+    phase split (``_fill_phases``) on the cells of ``out``."""
     n_ch, i0n, i1n, i2n, s0, s1, s2, l0, l1, l2, pb0, pb1, pb2 = _phase_dims(out, dph, geo)
     for k in range(k0, k1):
         n, c = k // n_ch, k % n_ch

@@ -17,10 +17,12 @@ there). The forward needs stride 1 (and the data gradient, pads at most ``(K-1)*
 Strided problems (dilation 1): both gradients run as stride-1 problems on stride-phase
 channels (``phase_spec``, derived there): the input (or its gradient) is split into
 ``prod(strides)`` phase grids per channel, the kernel into the taps of each phase (zero
-where a phase has fewer), and the results are copied back (``phase_split`` /
-``phase_merge`` in ``_thin_jit.py``). Cells that no real tap reads are zero in the phase
-input, so what lies in input cells no output reads never enters a sum; a non-finite value
-met anyway (an ``inf`` times a zero tap) sends the call to ``im2col``.
+where a phase has fewer). The weight gradient's tiles read their phase cells straight from
+the input (``_fill_phases`` in ``_thin_jit.py``) and sum only the terms whose tap lies in
+the kernel (``_live_terms``); the data gradient's phase grids are copied back
+(``phase_merge``). Cells that no real tap reads are zero in the phase input, so what lies
+in input cells no output reads never enters a sum; a non-finite value met anyway (an
+``inf`` times a zero tap) sends the call to ``im2col``.
 
 The weight gradient with stride 1 walks the same flat grids the other way: for every
 (output channel, term ``(c, k)``) pair, a sum over positions of diff_dst (zero in the wide
@@ -188,15 +190,17 @@ def fits(spec: ConvSpec, direction: str, dtype, workspace_limit: int) -> bool:
     (the dispatcher's automatic choice falls back to the NumPy lowerings otherwise)."""
     item = np.dtype(dtype).itemsize
     pspec = phase_spec(spec)
-    if pspec is not None:               # plus the phase arrays (input or its gradient, weights)
+    if direction == "bwd_weights":      # a phase problem reads the input in place (_fill_phases)
+        ws = spec if pspec is None else pspec
+        partials = (len(_bw_cuts(ws)) - 1) * math.prod(ws.weights_shape) * 8
+        data = (math.prod(spec.src_shape) + math.prod(spec.dst_shape)) * item
+        return _bw_scratch(ws, item) + data + partials <= workspace_limit
+    if pspec is not None:               # plus the phase arrays (the data gradient's, weights)
         extra = (math.prod(pspec.src_shape) + math.prod(pspec.weights_shape)) * item
         return extra + math.prod(spec.src_shape) * item <= workspace_limit and fits(
             pspec, direction, dtype, workspace_limit - extra)
     fspec = _as_forward(spec, direction)
     data = math.prod(fspec.src_shape) * item
-    if direction == "bwd_weights":
-        partials = (len(_bw_cuts(spec)) - 1) * math.prod(spec.weights_shape) * 8
-        return _bw_scratch(spec, item) + data + math.prod(spec.dst_shape) * item + partials <= workspace_limit
     weights = math.prod(fspec.weights_shape) * item
     return _scratch(fspec, item) + data + weights <= workspace_limit
 
@@ -300,17 +304,6 @@ def _by_pairs(spec: ConvSpec, fn) -> None:
     run_each(lambda r: fn(r[0], r[1]), list(zip(cuts, cuts[1:])), n)
 
 
-def _phase_input(spec: ConvSpec, pspec: ConvSpec, src: np.ndarray, dtype) -> np.ndarray:
-    """``(N, C * prod(s), *L)``: ``xph[n, c*P + r, j] = xpad[n, c, s*j + r]`` (zeros in the
-    padding and on cells no real tap reads)."""
-    x, _ = _contiguous(src, dtype)
-    shape3, phase3 = _phase_shapes(spec, pspec)
-    xph = np.empty(pspec.src_shape, dtype=dtype)
-    x3, xph3, geo = x.reshape(shape3), xph.reshape(phase3), _phase_geo(spec)
-    _by_pairs(spec, lambda k0, k1: _jit().phase_split(x3, geo, xph3, k0, k1))
-    return xph
-
-
 def _fallback(spec: ConvSpec, direction: str, a: np.ndarray, b: np.ndarray, dtype, workspace_limit: int):
     """The GEMM lowering (``im2col``) for a phased problem that met a non-finite value, so
     that such inputs propagate as they do on the other strided lowerings: the phase
@@ -369,9 +362,8 @@ def _phased_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarr
     """Weight gradient of a strided problem: the stride-1 weight gradient on phase channels,
     its real taps read back (``phase_spec``)."""
     pspec = phase_spec(spec)
-    xph = _phase_input(spec, pspec, src, dtype)
-    dw = conv_backward_weights(pspec, xph, diff_dst, dtype=dtype, workspace_limit=workspace_limit - xph.nbytes,
-                               live=_live_terms(spec, pspec))
+    dw = conv_backward_weights(pspec, src, diff_dst, dtype=dtype, workspace_limit=workspace_limit,
+                               live=_live_terms(spec, pspec), phases_of=spec)
     if _not_finite(dw):
         return _fallback(spec, "bwd_weights", src, diff_dst, dtype, workspace_limit)
     split = (spec.oc, spec.icg) + tuple(spec.strides) + pspec.kernel
@@ -449,11 +441,14 @@ def _bw_cuts(spec: ConvSpec) -> list[int]:
 
 
 def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, *, dtype,
-                          workspace_limit: int, live: np.ndarray | None = None) -> np.ndarray:
+                          workspace_limit: int, live: np.ndarray | None = None,
+                          phases_of: ConvSpec | None = None) -> np.ndarray:
     """The weight gradient; ``live`` (sorted term indices ``c*T + k``, the phase problem's
-    ``_live_terms``) restricts the sums to those terms, the others are zero."""
+    ``_live_terms``) restricts the sums to those terms, the others are zero. With
+    ``phases_of``, ``spec`` is that strided problem's ``phase_spec`` and ``src`` its input:
+    the tiles read their phase cells from it (``_fill_phases``), no phase array is made."""
     dtype = np.dtype(dtype)
-    if phase_spec(spec) is not None:
+    if phases_of is None and phase_spec(spec) is not None:
         return _phased_backward_weights(spec, src, diff_dst, dtype=dtype, workspace_limit=workspace_limit)
     jit = _jit()
     item = dtype.itemsize
@@ -471,8 +466,10 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     x, _ = _contiguous(src, dtype)
     dy, _ = _contiguous(diff_dst, dtype)
     pad = 3 - spec.nsp
-    x3 = x.reshape((spec.mb, spec.ic) + (1,) * pad + spec.src)
+    xspec = spec if phases_of is None else phases_of
+    x3 = x.reshape((xspec.mb, xspec.ic) + (1,) * pad + xspec.src)
     dy3 = dy.reshape((spec.mb, spec.oc) + (1,) * pad + spec.dst)
+    pgeo = np.zeros(0, dtype=np.int64) if phases_of is None else _phase_geo(phases_of)
     # no tile longer than a chunk (the sums do not depend on the tile length)
     tile = min(_bw_tile(spec, item)[0], _round_up(max(b - a for a, b in zip(cuts, cuts[1:])), jit.L))
     geo = np.array((1,) * pad + spec.dilations + (0,) * pad + spec.pads_begin + (tile,)
@@ -484,7 +481,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     part = np.zeros((n_chunks, spec.groups, spec.ocg, live.size))
     ocg_pad, n_u_pad = _round_up(spec.ocg, jit.WO), _round_up(live.size, jit.WU)
     cut_arr = np.array(cuts, dtype=np.int64)
-    run_each(lambda r: jit.backward_weights(x3, dy3, part, geo, cut_arr, r[0], r[1], ocg_pad, n_u_pad, live),
+    run_each(lambda r: jit.backward_weights(x3, dy3, part, geo, cut_arr, r[0], r[1], ocg_pad, n_u_pad, live, pgeo),
              runs, workers)
     total = part[0]
     for p in part[1:]:
