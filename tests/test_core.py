@@ -945,3 +945,46 @@ def test_whole_window_products_match_reference(monkeypatch):
                     np.testing.assert_array_equal(a, c, err_msg=f"{name} {alg} {spec}")
                     np.testing.assert_array_equal(a, d, err_msg=f"{name} {alg} {spec}")
                     assert rel_err(e, b) <= tol, (name, alg, str(spec), dt)
+
+
+def test_taps_data_gradient_zeroes_the_rows_no_phase_writes(monkeypatch):
+    """The ``taps`` data gradient allocates its result uninitialised and each block zeroes
+    its own input rows before writing its phases. Poisoned with NaN, the result still
+    equals the reference: strides larger than the kernel (phases without taps), input rows
+    past the last window, pads, 1-3 spatial axes, groups, slab blocks and whole-image ones;
+    with a result of FRESH_PAGES_BYTES or more the blocks leave the zeroing to np.zeros."""
+    from convgrad.kernels import gemm
+    real = gemm._result
+    poisoned = []
+
+    def result(shape, dtype, zeroed):
+        out = real(shape, dtype, zeroed)
+        if not zeroed:
+            out.fill(np.nan)
+            poisoned.append(out)
+        return out
+
+    monkeypatch.setattr(gemm, "_result", result)
+    rng = np.random.default_rng(67)
+    cases = [_spec(3, 5, 7, 1, (24,), (1,), (3,), (1,), (0,), (2,)),               # 1x1, stride 3
+             _spec(2, 4, 6, 2, (13, 11), (1, 2), (2, 3), (1, 1), (0, 1), (1, 0)),  # kernel < stride
+             _spec(2, 3, 5, 1, (12, 9), (3, 2), (2, 2), (1, 1), (1, 0), (0, 1)),   # rows past the windows
+             _spec(2, 3, 4, 1, (7, 6, 9), (2, 1, 2), (3, 2, 2), (1, 1, 1), (1, 0, 0), (0, 0, 1)),
+             _spec(2, 4, 3, 1, (10, 8), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))]    # stride 1
+    for rows in (3, 40, dispatch.ROWS_TARGET):
+        monkeypatch.setattr(dispatch, "ROWS_TARGET", rows)
+        for spec in cases:
+            dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
+            w = rng.standard_normal(spec.weights_shape).astype(np.float32)
+            poisoned.clear()
+            got = cg.conv_backward_data(dy, w, spec.src, algorithm="taps", **_kw(spec))
+            assert poisoned and np.shares_memory(got, poisoned[0]), str(spec)
+            assert rel_err(got, ref.conv_backward_data(spec, dy, w)) <= 1e-5, (str(spec), rows)
+    spec = cases[0]
+    monkeypatch.setattr(gemm, "FRESH_PAGES_BYTES", 1)
+    poisoned.clear()
+    dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
+    w = rng.standard_normal(spec.weights_shape).astype(np.float32)
+    got = cg.conv_backward_data(dy, w, spec.src, algorithm="taps", **_kw(spec))
+    assert not poisoned
+    assert rel_err(got, ref.conv_backward_data(spec, dy, w)) <= 1e-5

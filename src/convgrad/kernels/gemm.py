@@ -246,6 +246,23 @@ def _make_blocks(geom: PhaseGeometry, direction: str, algorithm: str, per: int, 
     return [Block(n, 1, r0, r1, False) for n in range(spec.mb) for r0, r1 in zip(cuts, cuts[1:])]
 
 
+def _result(shape: tuple[int, ...], dtype, zeroed: bool) -> np.ndarray:
+    """A fresh result array, zeroed or not (the tests poison the ones that are not)."""
+    return (np.zeros if zeroed else np.empty)(shape, dtype=dtype)
+
+
+def _block_src_rows(geom: PhaseGeometry, b: Block) -> slice:
+    """The input rows (spatial axis 0) of a ``taps`` data-gradient block: phase row ``q``
+    holds input rows ``q*s + r - pb`` for ``0 <= r < s``, so the blocks' consecutive phase
+    rows ``[r0, r1)`` cut the input rows at ``r*s - pb``; the first and last blocks of an
+    image reach its ends (rows no window reads included)."""
+    spec = geom.spec
+    s, pb, size = spec.strides[0], spec.pads_begin[0], spec.src[0]
+    lo = 0 if b.r0 == 0 else min(size, max(0, b.r0 * s - pb))
+    hi = size if b.r1 >= geom.q[0] else min(size, max(0, b.r1 * s - pb))
+    return slice(lo, hi)
+
+
 def _grid_rows(geom: PhaseGeometry, b: Block) -> int:
     """Axis-0 rows of a ``taps`` block's flat grid (with the halo it needs)."""
     if b.whole:
@@ -1024,6 +1041,11 @@ def _run_blocks(work, blocks: list, worst: int, workspace_limit: int, product: t
         _in_order(work, blocks, max(1, min(n, workspace_limit // max(1, worst))), consume)
 
 
+# Allocations of at least this many bytes get fresh pages from the system (glibc's largest
+# dynamic mmap threshold on 64-bit hosts), zeroed by it when first touched: np.zeros costs
+# no pass over them, so a data gradient this large is not zeroed again by its blocks.
+FRESH_PAGES_BYTES = 32 << 20
+
 # Copies of at least this many bytes run in pieces on the thread pool.
 PARALLEL_COPY = 1 << 20       # bytes
 
@@ -1305,8 +1327,12 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
                             reverse_taps=True)
     pointwise = algorithm != "im2col" and _pointwise(spec, diff_dst, dtype=dtype)
     # the pointwise products write every element: no zeroing pass (1 ms of a 10 ms, 30 MB
-    # data gradient on the AVX-512 VM, whose memory runs at ~20 GB/s for two cores)
-    dsrc = (np.empty if pointwise else np.zeros)(spec.src_shape, dtype=dtype)
+    # data gradient on the AVX-512 VM, whose memory runs at ~20 GB/s for two cores); the
+    # ``taps`` blocks zero their own rows just before they write them (``_block_src_rows``),
+    # except for results so large that the allocator maps fresh pages, which come zeroed
+    nbytes = int(np.prod(spec.src_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    zero_rows = algorithm != "im2col" and not pointwise and nbytes < FRESH_PAGES_BYTES
+    dsrc = _result(spec.src_shape, dtype, zeroed=algorithm == "im2col" or (not pointwise and not zero_rows))
     blocks, worst = _plan(geom, "bwd_data", algorithm, dtype, workspace_limit, rows_target)
     if algorithm == "im2col":
         # (G, Cg*T, Og) as the transpose of the weights' own (G, Og, Cg*T) layout: BLAS reads
@@ -1373,6 +1399,15 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     unit = _unit_phase(spec) and geom.q == spec.src
 
     def work(b: Block) -> None:
+        # Zero the block's own rows of dsrc here, on the pool, right before the phases below
+        # write theirs (rows no phase reaches stay zero): a serial np.zeros of the whole
+        # result cost 1.8 ms of 12 for resnet_50 res4a_branch2a (30 MB, stride 2, where
+        # three of the four phases have no tap) and left the rows cold for the scatter. A
+        # result of FRESH_PAGES_BYTES or more keeps np.zeros: its pages come zeroed from the
+        # system, and zeroing them again doubled the writes (res3a_branch2a, 61 MB: 17.4 ->
+        # 19.2 ms median).
+        if zero_rows:
+            dsrc[(slice(b.n0, b.n0 + b.nb), slice(None), _block_src_rows(geom, b))] = 0
         rows0 = _grid_rows(geom, b)
         lead = 0 if b.whole else geom.max_sh[0]
         dy = _dst_grid(geom, diff_dst, b, rows0, b.r0 - lead, dtype, front=geom.max_off)
