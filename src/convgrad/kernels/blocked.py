@@ -267,10 +267,12 @@ def _geometry(spec: ConvSpec) -> tuple[np.ndarray, ...]:
 
 
 def _to_channels_last(arr: np.ndarray, groups: int, cg: int, cgp: int, wp: int, pad: int,
-                      workers: int, slot: str) -> np.ndarray:
+                      workers: int, slot: str) -> tuple[np.ndarray, list]:
     """(N, G*cg, *S) float32 -> (N, rows, Wp, G*cgp) float32 (module doc), in this
     thread's scratch buffer ``slot`` (reused from call to call: a fresh buffer is faulted
-    in page by page)."""
+    in page by page). Returns the buffer and the copy in pieces (callables, one per
+    thread for a large array) for the caller to run with its other independent work in
+    one hand-off (``_run_pieces``)."""
     jit = _jit()
     n, sp = arr.shape[0], arr.shape[2:]
     rows = math.prod(sp[:-1])
@@ -278,43 +280,38 @@ def _to_channels_last(arr: np.ndarray, groups: int, cg: int, cgp: int, wp: int, 
     out = _scratch(slot, (n, rows, wp, groups * cgp), np.float32)
     parts = workers if arr.size >= PARALLEL_COPY else 1
     c = _ukernel.compiled()
-    run_each(lambda b: jit.to_channels_last(x4, out, b[0], b[1], groups, cg, cgp, -pad, 0, c.transpose_address, c.lanes),
-             _cuts(n * rows, parts), parts)
-    return out
+    return out, [functools.partial(jit.to_channels_last, x4, out, q0, q1, groups, cg, cgp, -pad, 0,
+                                   c.transpose_address, c.lanes) for q0, q1 in _cuts(n * rows, parts)]
 
 
-def _from_channels_last(ycl: np.ndarray, shape: tuple[int, ...], groups: int, og: int, ogp: int,
-                        workers: int) -> np.ndarray:
-    jit = _jit()
-    n, rows, w = ycl.shape[0], ycl.shape[1], ycl.shape[2]
-    y = np.empty((n, groups * og, rows, w), dtype=np.float32)
-    parts = workers if y.size >= PARALLEL_COPY else 1
-    c = _ukernel.compiled()
-    run_each(lambda b: jit.from_channels_last(ycl, y, b[0], b[1], groups, og, ogp, c.transpose_address, c.lanes),
-             _cuts(n * rows, parts), parts)
-    return y.reshape(shape)
+def _run_pieces(pieces: list, workers: int) -> None:
+    """Independent pieces of work (copies writing disjoint parts) on the pool, one hand-off
+    for all of them: each hand-off wakes the pool threads, ~0.1-0.3 ms here."""
+    run_each(lambda piece: piece(), pieces, workers)
 
 
 def _input_channels_last(spec: ConvSpec, x: np.ndarray):
     """The sizes both channels-last paths use (groups, C_in and C_out per group, C_out per
-    group padded to the lanes, taps, threads, Wp) and the input copied channels-last."""
+    group padded to the lanes, taps, threads, Wp), the input's channels-last buffer and
+    the pieces that copy it there (``_to_channels_last``)."""
     g, cg, og = spec.groups, spec.icg, spec.ocg
     workers = _workers(spec)
     wp, pad = _last_axis(spec)
-    xcl = _to_channels_last(_f32(x), g, cg, cg, wp, pad, workers, "blocked_x")
-    return g, cg, og, _padded(og, _lanes()[0]), math.prod(spec.kernel), workers, wp, xcl
+    xcl, pieces = _to_channels_last(_f32(x), g, cg, cg, wp, pad, workers, "blocked_x")
+    return g, cg, og, _padded(og, _lanes()[0]), math.prod(spec.kernel), workers, wp, xcl, pieces
 
 
 def _weight_blocks(w3: np.ndarray, blk: np.ndarray, groups: int, og: int, cg: int, ogp: int, obw: int, flip: bool,
-                   workers: int) -> None:
-    """The forward's weights in blocks (``_blocked_jit`` module doc, ``weight_blocks``),
-    zero past ``og``; ``w3`` the forward's (G*og, cg, T) weights or, with ``flip``, the data
-    gradient's original (G*cg, og, T) weights. A block of output channels per pool thread."""
+                   workers: int) -> list:
+    """The pieces (callables, a block of output channels per pool thread) that put the
+    forward's weights in blocks (``_blocked_jit`` module doc, ``weight_blocks``), zero
+    past ``og``; ``w3`` the forward's (G*og, cg, T) weights or, with ``flip``, the data
+    gradient's original (G*cg, og, T) weights."""
     c = _ukernel.compiled()
     nblk = groups * -(-ogp // obw)
     parts = workers if blk.size >= PARALLEL_COPY else 1
-    run_each(lambda b: _jit().weight_blocks(w3, blk, b[0], b[1], groups, og, cg, ogp, obw, flip, c.transpose_address,
-                                            c.lanes), _cuts(nblk, parts), parts)
+    return [functools.partial(_jit().weight_blocks, w3, blk, b0, b1, groups, og, cg, ogp, obw, flip,
+                              c.transpose_address, c.lanes) for b0, b1 in _cuts(nblk, parts)]
 
 
 def _weights_from_blocks(blk: np.ndarray, dw: np.ndarray, groups: int, og: int, cg: int, ogp: int, obw: int,
@@ -330,26 +327,36 @@ def _weights_from_blocks(blk: np.ndarray, dw: np.ndarray, groups: int, og: int, 
 def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspace_limit: int,
              direction: str) -> np.ndarray:
     """The forward loop of ``fspec`` on ``x`` (N, C, *S); ``w`` the forward's weights, or
-    with ``flip`` the original weights of the data gradient (module doc)."""
+    with ``flip`` the original weights of the data gradient (module doc).
+
+    Two hand-offs to the pool: the input copy and the weight blocks (independent) in one,
+    then the output rows, each thread copying its rows back to (N, C, *S) right after it
+    computed them (in cache; disjoint rows, so no thread waits for another)."""
     _check(fspec, direction, workspace_limit)
     jit = _jit()
     lanes, r_max, obw = _lanes()
-    g, cg, og, ogp, t, workers, wp, xcl = _input_channels_last(fspec, x)
+    g, cg, og, ogp, t, workers, wp, xcl, pieces = _input_channels_last(fspec, x)
     blk = _scratch("blocked_w", (g * t * cg * ogp,), np.float32)
-    _weight_blocks(_f32(w).reshape(w.shape[0], w.shape[1], t), blk, g, og, cg, ogp, obw, flip, workers)
+    pieces += _weight_blocks(_f32(w).reshape(w.shape[0], w.shape[1], t), blk, g, og, cg, ogp, obw, flip, workers)
+    _run_pieces(pieces, workers)
     rows_src = math.prod(fspec.src[:-1])
     rows_dst = math.prod(fspec.dst[:-1])
     wout = fspec.dst[-1]
     ycl = _scratch("blocked_y", (fspec.mb, rows_dst, wout, g * ogp), np.float32)
+    y = np.empty((fspec.mb, g * og, rows_dst, wout), dtype=np.float32)
     geo = np.array((g, cg, ogp, wp, wout, fspec.kernel[-1], fspec.strides[-1], fspec.dilations[-1],
                     rows_dst, rows_src), dtype=np.int64)
     cb = max(1, min(cg, WEIGHT_BLOCK_BYTES // (4 * t * obw)))
-    addr = _ukernel.compiled().address
+    c = _ukernel.compiled()
     dst_o, src_o, k_o, s_o, d_o, pb_o = _geometry(fspec)
-    run_each(lambda b: jit.forward_rows(xcl.reshape(-1), blk, ycl.reshape(-1), geo, dst_o, src_o, k_o, s_o, d_o,
-                                        pb_o, b[0], b[1], addr, r_max, lanes, obw, cb),
-             _cuts(fspec.mb * rows_dst, workers), workers)
-    return _from_channels_last(ycl, fspec.dst_shape, g, og, ogp, workers)
+
+    def rows(b) -> None:
+        jit.forward_rows(xcl.reshape(-1), blk, ycl.reshape(-1), geo, dst_o, src_o, k_o, s_o, d_o, pb_o, b[0], b[1],
+                         c.address, r_max, lanes, obw, cb)
+        jit.from_channels_last(ycl, y, b[0], b[1], g, og, ogp, c.transpose_address, c.lanes)
+
+    run_each(rows, _cuts(fspec.mb * rows_dst, workers), workers)
+    return y.reshape(fspec.dst_shape)
 
 
 def _pointwise(spec: ConvSpec, a: np.ndarray, b: np.ndarray, transposed: bool, workspace_limit: int,
@@ -557,8 +564,9 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
         for p in range(1, nparts):               # the parts in order: the same sum on any threads
             blk += parts[p]
     else:
-        xcl = _to_channels_last(_f32(src), g, cg, cg, wp, pad, workers, "blocked_x")
-        dycl = _to_channels_last(_f32(diff_dst), g, og, ogp, wout, 0, workers, "blocked_y")
+        xcl, pieces = _to_channels_last(_f32(src), g, cg, cg, wp, pad, workers, "blocked_x")
+        dycl, more = _to_channels_last(_f32(diff_dst), g, og, ogp, wout, 0, workers, "blocked_y")
+        _run_pieces(pieces + more, workers)
         row_bytes = 4 * (wout * g * ogp + wp * spec.ic)
         chunk_rows = max(1, min(nrows, ROW_CHUNK_BYTES // row_bytes))
         blk = _scratch("blocked_w", (blk_elems,), np.float32)
