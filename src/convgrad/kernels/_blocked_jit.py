@@ -180,11 +180,14 @@ def _tap_rows(r, rows_dst, dst_o, src_o, k_o, s_o, d_o, pb_o, ko, rows_src):
 
 
 @njit(**JIT)
-def forward_rows(xcl, wblk, ycl, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, r0, r1, addr, r_max, lanes, obw, cb):
+def forward_rows(xcl, wblk, ycl, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, r0, r1, addr, rlim, lanes, obw, cb):
     """Output rows ``r0 .. r1`` (flat over images) of the forward convolution on
     channels-last ``xcl`` (N, rows_src, Wp, G*cg) into ``ycl`` (N, rows_dst, Wout, G*ogp).
 
-    Each tile: ``R`` consecutive outputs of a row x ``wbw`` output channels of a group,
+    Each tile: ``R`` consecutive outputs of a row x ``wbw`` output channels of a group
+    (``OB = wbw / lanes`` vectors; the row cut into balanced tiles of at most ``rlim[OB -
+    1]`` outputs, so a narrow block at the end of the channels, 8 of 32, runs tiles of up
+    to 12 rows whose accumulators hide the FMA latency, not the 4 of the 24-wide blocks),
     summed over the chunk's input channels ``cb0 .. cb0 + cb`` of every tap that reads a
     real input row (outer axes; the last axis reads the zero padding of ``xcl``), chunk
     after chunk. Loops: group, output-channel block, channel chunk, row, tile, so that one
@@ -200,11 +203,11 @@ def forward_rows(xcl, wblk, ycl, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, r0, r1,
     xa = xcl.ctypes.data
     ya = ycl.ctypes.data
     wa = wblk.ctypes.data
-    ntile = (Wout + r_max - 1) // r_max
     for g in range(groups):
         for ob0 in range(0, ogp, obw):
             wbw = min(obw, ogp - ob0)
             OB = wbw // lanes
+            ntile = (Wout + rlim[OB - 1] - 1) // rlim[OB - 1]
             bbase = g * T * cg * ogp + ob0 * T * cg
             for cb0 in range(0, cg, cb):
                 cn = min(cb, cg - cb0)

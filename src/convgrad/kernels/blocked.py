@@ -334,7 +334,7 @@ def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspac
     computed them (in cache; disjoint rows, so no thread waits for another)."""
     _check(fspec, direction, workspace_limit)
     jit = _jit()
-    lanes, r_max, obw = _lanes()
+    lanes, _, obw = _lanes()
     g, cg, og, ogp, t, workers, wp, xcl, pieces = _input_channels_last(fspec, x)
     blk = _scratch("blocked_w", (g * t * cg * ogp,), np.float32)
     pieces += _weight_blocks(_f32(w).reshape(w.shape[0], w.shape[1], t), blk, g, og, cg, ogp, obw, flip, workers)
@@ -349,10 +349,11 @@ def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspac
     cb = max(1, min(cg, WEIGHT_BLOCK_BYTES // (4 * t * obw)))
     c = _ukernel.compiled()
     dst_o, src_o, k_o, s_o, d_o, pb_o = _geometry(fspec)
+    rlim = np.array(c.r_limits, dtype=np.int64)
 
     def rows(b) -> None:
         jit.forward_rows(xcl.reshape(-1), blk, ycl.reshape(-1), geo, dst_o, src_o, k_o, s_o, d_o, pb_o, b[0], b[1],
-                         c.address, r_max, lanes, obw, cb)
+                         c.address, rlim, lanes, obw, cb)
         jit.from_channels_last(ycl, y, b[0], b[1], g, og, ogp, c.transpose_address, c.lanes)
 
     run_each(rows, _cuts(fspec.mb * rows_dst, workers), workers)
