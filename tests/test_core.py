@@ -988,3 +988,22 @@ def test_taps_data_gradient_zeroes_the_rows_no_phase_writes(monkeypatch):
     got = cg.conv_backward_data(dy, w, spec.src, algorithm="taps", **_kw(spec))
     assert not poisoned
     assert rel_err(got, ref.conv_backward_data(spec, dy, w)) <= 1e-5
+
+
+@pytest.mark.parametrize("alg", FAST)
+def test_weight_gradients_take_one_block_per_thread_when_the_batch_splits_evenly(alg):
+    """Each block of a weight gradient adds a partial result and reduces over its own rows
+    only: an even batch (or one image, in slabs) runs as two blocks where a forward or
+    data gradient of the same problem gets MIN_BLOCKS; an odd batch keeps its finer
+    blocks (two blocks of 5 and 4 images would leave a thread idle)."""
+    from convgrad.kernels import gemm
+    limit, target = dispatch.DEFAULT_WORKSPACE_LIMIT, dispatch.ROWS_TARGET
+    even = _spec(4, 64, 64, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    one = _spec(1, 64, 128, 1, (12, 14, 14), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
+    odd = _spec(9, 256, 256, 1, (28, 28), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    for spec in (even, one):
+        geom = gemm.geometry(spec)
+        weights = gemm.plan(geom, "bwd_weights", alg, 4, limit, target)
+        assert len(weights) == gemm.MIN_BLOCKS_WEIGHTS, (str(spec), weights)
+        assert len(gemm.plan(geom, "fwd", alg, 4, limit, target)) >= gemm.MIN_BLOCKS, str(spec)
+    assert len(gemm.plan(gemm.geometry(odd), "bwd_weights", alg, 4, limit, target)) > gemm.MIN_BLOCKS_WEIGHTS + 1
