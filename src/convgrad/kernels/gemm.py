@@ -225,7 +225,8 @@ def _natural(geom: PhaseGeometry, direction: str, algorithm: str, rows_target: i
     parallel = spec.flops >= PARALLEL_FLOPS and not elementwise
     if parallel:
         total = spec.mb * img
-        least = MIN_BLOCKS_WEIGHTS if direction == "bwd_weights" and spec.mb % 2 in (0, spec.mb) else MIN_BLOCKS
+        even = spec.mb % 2 == 0 or spec.mb == 1        # one image: cut in slabs, evenly
+        least = MIN_BLOCKS_WEIGHTS if direction == "bwd_weights" and even else MIN_BLOCKS
         rows_target = min(rows_target, max(MIN_BLOCK_ROWS, -(-total // least)))
         if total <= rows_target and weight_chunks(spec, direction, algorithm) > 1:
             rows_target = total                   # one row block; the output channels split
@@ -1341,7 +1342,7 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     # except for results so large that the allocator maps fresh pages, which come zeroed
     nbytes = int(np.prod(spec.src_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
     zero_rows = algorithm != "im2col" and not pointwise and nbytes < FRESH_PAGES_BYTES
-    dsrc = _result(spec.src_shape, dtype, zeroed=algorithm == "im2col" or (not pointwise and not zero_rows))
+    dsrc = _result(spec.src_shape, dtype, zeroed=not (pointwise or zero_rows))
     blocks, worst = _plan(geom, "bwd_data", algorithm, dtype, workspace_limit, rows_target)
     if algorithm == "im2col":
         # (G, Cg*T, Og) as the transpose of the weights' own (G, Og, Cg*T) layout: BLAS reads
