@@ -188,13 +188,13 @@ def _extent(geom: PhaseGeometry, direction: str, algorithm: str) -> tuple[int, i
     """(rows of axis 0 that blocks split, flat rows per such row)."""
     spec = geom.spec
     if algorithm == "im2col":
-        return spec.dst[0], int(np.prod(spec.dst[1:], dtype=np.int64))
+        return spec.dst[0], math.prod(spec.dst[1:])
     return (geom.q[0] if direction == "bwd_data" else spec.dst[0]), geom.row_len
 
 
 def _img_rows(geom: PhaseGeometry, algorithm: str) -> int:
     if algorithm == "im2col":
-        return int(np.prod(geom.spec.dst, dtype=np.int64))
+        return math.prod(geom.spec.dst)
     return geom.q[0] * geom.row_len
 
 
@@ -292,7 +292,7 @@ def workspace_bytes(geom: PhaseGeometry, direction: str, algorithm: str, b: Bloc
     if algorithm == "im2col":
         rows = b.nb * (b.r1 - b.r0) * _extent(geom, direction, algorithm)[1]
         cols = t * c * rows                       # the column matrix (col2im: Z)
-        padded = b.nb * c * int(np.prod(_padded_rows(spec, b), dtype=np.int64))
+        padded = b.nb * c * math.prod(_padded_rows(spec, b))
         if direction == "bwd_weights":            # a block's partial, and the running total
             elems = padded + cols + o * rows + 2 * weights
         else:                                     # + the block's result rows, weight layouts
@@ -300,7 +300,7 @@ def workspace_bytes(geom: PhaseGeometry, direction: str, algorithm: str, b: Bloc
         if direction == "bwd_data" and any(st > 1 for st in spec.strides):   # phase grids
             dst_b = (b.r1 - b.r0,) + spec.dst[1:]
             q = [n + (k - 1) * d // st for n, k, d, st in zip(dst_b, spec.kernel, spec.dilations, spec.strides)]
-            elems += len(geom.phases) * b.nb * c * int(np.prod(q, dtype=np.int64))
+            elems += len(geom.phases) * b.nb * c * math.prod(q)
     else:
         rows = b.nb * _grid_rows(geom, b) * geom.row_len
         if direction == "fwd":
@@ -541,7 +541,7 @@ def _src_cols(spec: ConvSpec, src: np.ndarray, b: Block, dtype, reverse: bool = 
         win = win[(Ellipsis,) + (slice(None, None, -1),) * spec.nsp]
     win = win.reshape((b.nb, spec.groups, spec.icg) + win.shape[2:])
     nsp, g = spec.nsp, spec.groups
-    rows = b.nb * int(np.prod(win.shape[3:3 + nsp]))
+    rows = b.nb * math.prod(win.shape[3:3 + nsp])
     k_axes = tuple(range(3 + nsp, 3 + 2 * nsp))
     y_axes = tuple(range(3, 3 + nsp))
     if _rows_major(spec, b):
@@ -1078,7 +1078,7 @@ def _block_rows(geom: PhaseGeometry, algorithm: str, blocks: list[Block]) -> int
     if not blocks:
         return 0
     if algorithm == "im2col":
-        inner = int(np.prod(geom.spec.dst[1:], dtype=np.int64))
+        inner = math.prod(geom.spec.dst[1:])
         return max(b.nb * (b.r1 - b.r0) * inner for b in blocks)
     return max(b.nb * _grid_rows(geom, b) * geom.row_len for b in blocks)
 
@@ -1340,7 +1340,7 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     # data gradient on the AVX-512 VM, whose memory runs at ~20 GB/s for two cores); the
     # ``taps`` blocks zero their own rows just before they write them (``_block_src_rows``),
     # except for results so large that the allocator maps fresh pages, which come zeroed
-    nbytes = int(np.prod(spec.src_shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    nbytes = math.prod(spec.src_shape) * np.dtype(dtype).itemsize
     zero_rows = algorithm != "im2col" and not pointwise and nbytes < FRESH_PAGES_BYTES
     dsrc = _result(spec.src_shape, dtype, zeroed=not (pointwise or zero_rows))
     blocks, worst = _plan(geom, "bwd_data", algorithm, dtype, workspace_limit, rows_target)
