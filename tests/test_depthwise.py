@@ -178,8 +178,8 @@ def test_direct_bitwise_across_threads_caps_and_layouts(variant, monkeypatch):
     spec = _spec(3, 24, 2, (31, 29), (3, 2), (2, 1), (1, 2), (1, 0), (2, 1))
     x, w, dy = _inputs(spec, rng, np.float32)
     assert all(cg.choose_algorithm(spec, d) == "direct" for d in dispatch.DIRECTIONS)
-    monkeypatch.setattr(dwk, "PARALLEL_MACS", 0)               # small problem: still use the pool
-    monkeypatch.setattr(dwk, "NATIVE_PARALLEL_MACS", 0)        # ... or the threading layer
+    monkeypatch.setattr(dwk, "PARALLEL_MACS", 1 << 40)         # below the pool's threshold ...
+    monkeypatch.setattr(dwk, "NATIVE_PARALLEL_MACS", 0)        # ... small problem: the threading layer
     monkeypatch.setattr(dwk, "CB_CHANNELS", 8)                 # channels-last: two blocks of 24 channels
     native_calls = []
     run_native = dwk._run_native
@@ -191,10 +191,9 @@ def test_direct_bitwise_across_threads_caps_and_layouts(variant, monkeypatch):
         cg.set_num_threads(2)
         native = _all(spec, x, w, dy)
         assert native_calls == [2, 2, 2]
-        monkeypatch.setenv("CONVGRAD_NATIVE_THREADS", "0")
+        monkeypatch.setattr(dwk, "PARALLEL_MACS", 0)           # from the pool's threshold: the pool
         two = _all(spec, x, w, dy)
         assert native_calls == [2, 2, 2]
-        monkeypatch.delenv("CONVGRAD_NATIVE_THREADS")
         xs = np.asfortranarray(x)
         dys = np.repeat(dy, 2, axis=1)[:, ::2]                  # a strided view equal to dy
         ro = [a.copy() for a in (x, w, dy)]
@@ -308,10 +307,10 @@ def test_direct_threading_layer_starts_with_a_short_spin_and_leaves_the_environm
 
 
 def test_direct_pool_rule_is_remembered_per_threshold(monkeypatch):
-    """Small problems run on the calling thread, larger ones on the pool (or numba's
-    threading layer, from a lower threshold, one block per thread); the remembered plan is
-    keyed on the thread count and the work threshold, so a test (or a user) that changes
-    ``PARALLEL_MACS`` gets the plan of the new value."""
+    """Small problems run on the calling thread, larger ones on the pool (below the pool's
+    threshold, from a lower one, on numba's threading layer, one block per thread); the
+    remembered plan is keyed on the thread count and the work threshold, so a test (or a
+    user) that changes ``PARALLEL_MACS`` gets the plan of the new value."""
     spec = _spec(1, 256, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))     # mobilenet conv4_1/dw
     assert dwk.NATIVE_PARALLEL_MACS < dwk._macs_per_channel(spec) * spec.ic < dwk.PARALLEL_MACS
     limit = 1 << 30
@@ -322,13 +321,18 @@ def test_direct_pool_rule_is_remembered_per_threshold(monkeypatch):
         assert dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 1, 0, False)[1] == 1
         blocks, workers = dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 2, dwk.NATIVE_PARALLEL_MACS, True)
         assert workers == 2 and blocks == ((0, 128), (128, 256)), direction
-    monkeypatch.setenv("CONVGRAD_NATIVE_THREADS", "0")
     old = dwk.PARALLEL_MACS
     try:
         cg.set_num_threads(2)
+        if dwk._native(2):
+            assert dwk._plan(spec, 0, 1024, limit, "fwd")[1:] == (2, True)
+            assert dwk._plan(spec, 4096, 1024, limit, "fwd")[1:] == (1, False)    # converted inputs
+        monkeypatch.setenv("CONVGRAD_NATIVE_THREADS", "0")
         assert dwk._plan(spec, 0, 1024, limit, "fwd")[1:] == (1, False)
         dwk.PARALLEL_MACS = 0
         assert dwk._plan(spec, 0, 1024, limit, "fwd")[1:] == (2, False)
+        monkeypatch.delenv("CONVGRAD_NATIVE_THREADS")
+        assert dwk._plan(spec, 0, 1024, limit, "fwd")[1:] == (2, False)         # above the pool's threshold
     finally:
         dwk.PARALLEL_MACS = old
         cg.set_num_threads(None)

@@ -89,7 +89,7 @@ CB_CHANNELS = 64
 # a 0.4 ms depthwise call, so calls below PARALLEL_MACS ran on one thread. numba's OpenMP
 # or TBB threading layer hands the blocks to native threads with no GIL, and its threads
 # wait spinning for a while after a call. Where that layer runs (and the inputs are read in
-# place), calls from NATIVE_PARALLEL_MACS up use it: mobilenet's 112^2-28^2 depthwise weight
+# place), calls from NATIVE_PARALLEL_MACS up to the pool's threshold use it: mobilenet's 112^2-28^2 depthwise weight
 # gradients (1.8-3.6M multiply-adds) took 0.27-0.38 ms on two threads against 0.41-0.60 on
 # one (medians of six alternating processes, AMD VM), and the 7^2-14^2 layers (0.45-0.9M)
 # 10-30 % less with the threshold at 0.2M instead of 1M. Not used: numba's ``workqueue``
@@ -204,10 +204,15 @@ def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_li
     demands less.
     """
     num_threads = threads.get_num_threads()
-    native = per_channel_bytes == 0 and _native(num_threads)
     blocks, workers = _plan_cached(spec, per_channel_bytes, fixed_bytes, workspace_limit, direction, unit,
-                                   num_threads, NATIVE_PARALLEL_MACS if native else PARALLEL_MACS, native)
-    return blocks, workers, native and workers > 1
+                                   num_threads, PARALLEL_MACS, False)
+    if workers == 1 and per_channel_bytes == 0 and _native(num_threads):
+        # below the pool's threshold: numba's layer from its own, lower one (larger calls
+        # keep the pool, whose blocks go to whichever thread is free)
+        blocks, workers = _plan_cached(spec, 0, fixed_bytes, workspace_limit, direction, unit, num_threads,
+                                       NATIVE_PARALLEL_MACS, True)
+        return blocks, workers, workers > 1
+    return blocks, workers, False
 
 
 @functools.lru_cache(maxsize=256)
