@@ -161,39 +161,21 @@ def test_large_channel_multiplier_goes_to_a_gemm_lowering():
         assert cg.choose_algorithm(above, direction) in ("im2col", "taps")
 
 
-def _native_or_skip():
-    """numba's threading layer must start here in CI (a skip there is a broken setup)."""
-    if not dwk._native(2):
-        assert not os.environ.get("CI"), "numba's OpenMP / TBB threading layer did not start"
-        pytest.skip("numba has no threadsafe threading layer here (OpenMP / TBB)")
-
-
 @needs_numba
-def test_direct_bitwise_across_threads_caps_and_layouts(variant, monkeypatch):
-    """Same bits with 1 or 2 threads (convgrad's pool and numba's threading layer), with a
-    cap that forces one-channel chunks, and for strided / read-only / Fortran inputs
-    (converted per chunk)."""
-    _native_or_skip()
+def test_direct_bitwise_across_threads_caps_and_layouts(variant):
+    """Same bits with 1 or 2 threads, with a cap that forces one-channel chunks, and for
+    strided / read-only / Fortran inputs (converted per chunk)."""
     rng = np.random.default_rng(7)
     spec = _spec(3, 24, 2, (31, 29), (3, 2), (2, 1), (1, 2), (1, 0), (2, 1))
     x, w, dy = _inputs(spec, rng, np.float32)
     assert all(cg.choose_algorithm(spec, d) == "direct" for d in dispatch.DIRECTIONS)
-    monkeypatch.setattr(dwk, "PARALLEL_MACS", 1 << 40)         # below the pool's threshold ...
-    monkeypatch.setattr(dwk, "NATIVE_PARALLEL_MACS", 0)        # ... small problem: the threading layer
-    monkeypatch.setattr(dwk, "CB_CHANNELS", 8)                 # channels-last: two blocks of 24 channels
-    native_calls = []
-    run_native = dwk._run_native
-    monkeypatch.setattr(dwk, "_run_native", lambda *a: native_calls.append(a[-1]) or run_native(*a))
+    old = dwk.PARALLEL_MACS
     try:
+        dwk.PARALLEL_MACS = 0                                  # small problem: still use the pool
         cg.set_num_threads(1)
         one = _all(spec, x, w, dy)
-        assert native_calls == []
         cg.set_num_threads(2)
-        native = _all(spec, x, w, dy)
-        assert native_calls == [2, 2, 2]
-        monkeypatch.setattr(dwk, "PARALLEL_MACS", 0)           # from the pool's threshold: the pool
         two = _all(spec, x, w, dy)
-        assert native_calls == [2, 2, 2]
         xs = np.asfortranarray(x)
         dys = np.repeat(dy, 2, axis=1)[:, ::2]                  # a strided view equal to dy
         ro = [a.copy() for a in (x, w, dy)]
@@ -201,138 +183,37 @@ def test_direct_bitwise_across_threads_caps_and_layouts(variant, monkeypatch):
             a.flags.writeable = False
         strided = (cg.conv_forward(xs, w, **_kw(spec)), cg.conv_backward_weights(xs, dys, spec.kernel, **_kw(spec)),
                    cg.conv_backward_data(dys, w, spec.src, **_kw(spec)))
-        assert native_calls == [2, 2, 2], "converted inputs run on convgrad's pool"
         readonly = _all(spec, *ro)
         # room for the scratch and about one converted channel of each input: one-channel chunks
         channel = spec.mb * (int(np.prod(spec.src)) + int(np.prod(spec.dst)) * spec.ocg) * 4
         cap = max(dwk._scratch(spec, d, 4) for d in dispatch.DIRECTIONS) + w.nbytes + channel + channel // 2
         tiny = _all(spec, xs, w, dys, workspace_limit=cap)
     finally:
+        dwk.PARALLEL_MACS = old
         cg.set_num_threads(None)
-    for got in (native, two, strided, readonly, tiny):
+    for got in (two, strided, readonly, tiny):
         for a, b in zip(got, one):
             np.testing.assert_array_equal(a, b)
 
 
-@needs_numba
-def test_direct_threading_layer_from_concurrent_threads():
-    """Two Python threads enter numba's threading layer at once and get the one-thread bits."""
-    import threading
-    _native_or_skip()
-    rng = np.random.default_rng(17)
-    spec = _spec(2, 96, 1, (40, 36), (3, 3), (2, 2), (1, 1), (1, 1), (0, 1))
-    x, w, dy = _inputs(spec, rng, np.float32)
-    try:
-        cg.set_num_threads(1)
-        want = _all(spec, x, w, dy)
-        cg.set_num_threads(2)
-        for direction in dispatch.DIRECTIONS:
-            assert dwk._plan(spec, 0, 1024, 1 << 30, direction)[1:] == (2, True), direction
-        got, errors = [], []
-
-        def run():
-            try:
-                for _ in range(10):
-                    got.append(_all(spec, x, w, dy))
-            except BaseException as e:          # reported below
-                errors.append(e)
-        pool = [threading.Thread(target=run) for _ in range(2)]
-        for t in pool:
-            t.start()
-        for t in pool:
-            t.join(120)
-        assert not errors and len(got) == 20
-        for res in got:
-            for a, b in zip(res, want):
-                np.testing.assert_array_equal(a, b)
-    finally:
-        cg.set_num_threads(None)
-
-
-@needs_numba
-def test_direct_threading_layer_is_not_entered_by_a_forked_child():
-    """A child forked after the layer ran computes on convgrad's pool, with the parent's
-    bits (GNU OpenMP terminates a forked child that enters it). In a fresh process, so
-    that no other library's threads are forked."""
-    code = ("import os, numpy as np, convgrad as cg\n"
-            "from convgrad.kernels import depthwise as dwk\n"
-            "cg.set_num_threads(2)\n"
-            "rng = np.random.default_rng(3)\n"
-            "x = rng.standard_normal((1, 64, 48, 40), np.float32)\n"
-            "dy = rng.standard_normal((1, 64, 24, 20), np.float32)\n"
-            "kw = dict(strides=(2, 2), pads_begin=(1, 1), pads_end=(0, 0), groups=64)\n"
-            "f = lambda: cg.conv_backward_weights(x, dy, (3, 3), **kw)\n"
-            "want = f()\n"
-            "assert dwk._native_state is True, dwk._native_state\n"
-            "r, wr = os.pipe()\n"
-            "pid = os.fork()\n"
-            "if pid == 0:\n"
-            "    got = f()\n"
-            "    os.write(wr, b'1' if np.array_equal(got, want) and not dwk._native(2) else b'0')\n"
-            "    os._exit(0)\n"
-            "os.close(wr)\n"
-            "res = os.read(r, 1)\n"
-            "_, status = os.waitpid(pid, 0)\n"
-            "print(res.decode(), status)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    if out.returncode != 0 and "_native_state" in out.stderr and not os.environ.get("CI"):
-        pytest.skip("numba has no threadsafe threading layer here (OpenMP / TBB)")
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["1", "0"], (out.stdout, out.stderr[-2000:])
-
-
-@needs_numba
-def test_direct_threading_layer_starts_with_a_short_spin_and_leaves_the_environment():
-    """In a fresh process the first two-thread call starts numba's layer with GNU OpenMP's
-    spin count set to GOMP_SPINCOUNT (its default, 300000, kept a thread spinning ~8 ms
-    after every call) and then restores the environment; a spin count the user set is
-    kept."""
-    code = ("import os, numpy as np, convgrad as cg, numba\n"
-            "from convgrad.kernels import depthwise as dwk\n"
-            "cg.set_num_threads(2)\n"
-            "x = np.ones((1, 64, 64, 64), np.float32); dy = np.ones((1, 64, 32, 32), np.float32)\n"
-            "cg.conv_backward_weights(x, dy, (3, 3), strides=(2, 2), pads_begin=(1, 1), pads_end=(0, 0), groups=64)\n"
-            "print(dwk._native_state, numba.threading_layer(), os.environ.get('GOMP_SPINCOUNT'))\n")
-    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-2000:]
-    state, layer, spin = out.stdout.split()
-    if state != "True":
-        assert not os.environ.get("CI"), out.stdout
-        pytest.skip(f"numba's layer here: {layer}")
-    assert layer in ("omp", "tbb") and spin == "None"
-    env["GOMP_SPINCOUNT"] = "123"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0 and out.stdout.split()[2] == "123", out.stderr[-2000:]
-
-
-def test_direct_pool_rule_is_remembered_per_threshold(monkeypatch):
-    """Small problems run on the calling thread, larger ones on the pool (below the pool's
-    threshold, from a lower one, on numba's threading layer, one block per thread); the
-    remembered plan is keyed on the thread count and the work threshold, so a test (or a
-    user) that changes ``PARALLEL_MACS`` gets the plan of the new value."""
+def test_direct_pool_rule_is_remembered_per_threshold():
+    """Small problems run on the calling thread, larger ones on the pool; the remembered
+    plan is keyed on the thread count and the work threshold, so a test (or a user) that
+    changes ``PARALLEL_MACS`` gets the plan of the new value."""
     spec = _spec(1, 256, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))     # mobilenet conv4_1/dw
-    assert dwk.NATIVE_PARALLEL_MACS < dwk._macs_per_channel(spec) * spec.ic < dwk.PARALLEL_MACS
+    assert dwk._macs_per_channel(spec) * spec.ic < dwk.PARALLEL_MACS
     limit = 1 << 30
     for direction in dispatch.DIRECTIONS:
-        assert dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 2, dwk.PARALLEL_MACS, False)[1] == 1
-        blocks, workers = dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 2, 0, False)
+        assert dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 2, dwk.PARALLEL_MACS)[1] == 1
+        blocks, workers = dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 2, 0)
         assert workers == 2 and len(blocks) >= 2, direction
-        assert dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 1, 0, False)[1] == 1
-        blocks, workers = dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 2, dwk.NATIVE_PARALLEL_MACS, True)
-        assert workers == 2 and blocks == ((0, 128), (128, 256)), direction
+        assert dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 1, 0)[1] == 1
     old = dwk.PARALLEL_MACS
     try:
         cg.set_num_threads(2)
-        if dwk._native(2):
-            assert dwk._plan(spec, 0, 1024, limit, "fwd")[1:] == (2, True)
-            assert dwk._plan(spec, 4096, 1024, limit, "fwd")[1:] == (1, False)    # converted inputs
-        monkeypatch.setenv("CONVGRAD_NATIVE_THREADS", "0")
-        assert dwk._plan(spec, 0, 1024, limit, "fwd")[1:] == (1, False)
+        assert dwk._plan(spec, 0, 1024, limit, "fwd")[1] == 1
         dwk.PARALLEL_MACS = 0
-        assert dwk._plan(spec, 0, 1024, limit, "fwd")[1:] == (2, False)
-        monkeypatch.delenv("CONVGRAD_NATIVE_THREADS")
-        assert dwk._plan(spec, 0, 1024, limit, "fwd")[1:] == (2, False)         # above the pool's threshold
+        assert dwk._plan(spec, 0, 1024, limit, "fwd")[1] == 2
     finally:
         dwk.PARALLEL_MACS = old
         cg.set_num_threads(None)

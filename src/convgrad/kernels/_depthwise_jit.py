@@ -43,7 +43,7 @@ register groups run 19 GFMA/s on 32x112^2 and 15 on 256x28^2, where 256 lanes in
 from __future__ import annotations
 
 import numpy as np
-from numba import carray, njit, prange
+from numba import carray, njit
 
 from ._jit_common import JIT, stack_registers
 
@@ -741,46 +741,3 @@ def backward_weights_cl(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
             for t in range(n_taps):
                 for j in range(cnt):
                     dwf[(b0 + j) * mult + m, t] = acc[m, t, j]
-
-
-# ---------------------------------------------------------------------------------------
-# Drivers for numba's threading layer (``depthwise._native``): the blocks ``[c0, c1)`` of
-# a call, one prange iteration each, split over the layer's threads; each block runs the
-# same serial loops as on convgrad's pool, so the result does not depend on which thread
-# runs which block. Data arrays are the whole canonical ones (read in place).
-# ---------------------------------------------------------------------------------------
-
-@njit(parallel=True, nogil=True, cache=True)
-def forward_blocks(x, w, y, blocks, geo):
-    for i in prange(blocks.shape[0]):
-        forward(x, 0, w, y, 0, blocks[i, 0], blocks[i, 1], geo)
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def forward_cl_blocks(x, w, y, blocks, geo):
-    for i in prange(blocks.shape[0]):
-        forward_cl(x, 0, w, y, 0, blocks[i, 0], blocks[i, 1], geo)
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def backward_data_blocks(dy, w, dx, blocks, geo):
-    for i in prange(blocks.shape[0]):
-        backward_data(dy, 0, w, dx, 0, blocks[i, 0], blocks[i, 1], geo)
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def backward_data_cl_blocks(dy, w, dx, blocks, geo):
-    for i in prange(blocks.shape[0]):
-        backward_data_cl(dy, 0, w, dx, 0, blocks[i, 0], blocks[i, 1], geo)
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def backward_weights_blocks(x, dy, dw, blocks, geo):
-    for i in prange(blocks.shape[0]):
-        backward_weights(x, 0, dy, 0, dw, blocks[i, 0], blocks[i, 1], geo)
-
-
-@njit(parallel=True, nogil=True, cache=True)
-def backward_weights_cl_blocks(x, dy, dw, blocks, geo):
-    for i in prange(blocks.shape[0]):
-        backward_weights_cl(x, 0, dy, 0, dw, blocks[i, 0], blocks[i, 1], geo)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import threading
 
 import numpy as np
 
@@ -84,67 +83,6 @@ SMALL_IMAGE_BWD_WEIGHTS = 400
 CB_CHANNELS = 64
 
 
-# Native hand-off. convgrad's pool gives a block to a Python thread, which must take the
-# GIL: an empty two-block hand-off cost 94 / 122 us (min / median) on the AMD VM, a third of
-# a 0.4 ms depthwise call, so calls below PARALLEL_MACS ran on one thread. numba's OpenMP
-# or TBB threading layer hands the blocks to native threads with no GIL, and its threads
-# wait spinning for a while after a call. Where that layer runs (and the inputs are read in
-# place), calls from NATIVE_PARALLEL_MACS up to the pool's threshold use it: mobilenet's 112^2-28^2 depthwise weight
-# gradients (1.8-3.6M multiply-adds) took 0.27-0.38 ms on two threads against 0.41-0.60 on
-# one (medians of six alternating processes, AMD VM), and the 7^2-14^2 layers (0.45-0.9M)
-# 10-30 % less with the threshold at 0.2M instead of 1M. Not used: numba's ``workqueue``
-# layer (it must not be entered from two threads at once), a forked child of a process that
-# used the layer (GNU OpenMP kills it), ``CONVGRAD_NATIVE_THREADS=0``.
-NATIVE_PARALLEL_MACS = 200_000
-# How long GNU OpenMP's threads spin before they sleep (its GOMP_SPINCOUNT, set while the
-# layer starts unless the user set it or OMP_WAIT_POLICY). The default, 300000, kept a
-# thread spinning 8.5 ms after each call (CPU time burnt in the 50 ms after a call,
-# median), which slowed the next BLAS call of the process 2-3x (a 1x1 weight gradient
-# right after a depthwise one: 3.0-4.0 ms against 1.1-1.7 without the layer). 10000 spins
-# 0.33 ms and kept the gain of calls in a row; with none (OMP_WAIT_POLICY=passive) the
-# layer was slower than the pool (0.58-0.74 ms against 0.43-0.58, medians).
-GOMP_SPINCOUNT = 10_000
-_native_lock = threading.Lock()
-_native_pid: int | None = None      # the process that started the layer; None: not tried yet
-_native_state: bool | None = None   # whether the layer is usable (None: not tried yet)
-
-
-def _native(workers: int) -> bool:
-    """Whether ``workers`` threads of numba's threading layer may run this call's blocks
-    (starting the layer on the first call that asks)."""
-    global _native_pid, _native_state
-    if workers <= 1 or os.environ.get("CONVGRAD_NATIVE_THREADS", "1").strip() == "0":
-        return False
-    if _native_state is None:
-        with _native_lock:
-            if _native_state is None:
-                spin = not any(v in os.environ for v in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY"))
-                if spin:                # read once, when GNU OpenMP loads (here, unless loaded before)
-                    os.environ["GOMP_SPINCOUNT"] = str(GOMP_SPINCOUNT)
-                try:
-                    import numba
-                    numba.get_num_threads()         # starts the layer
-                    ok = numba.threading_layer() in ("omp", "tbb")
-                except Exception:                   # no layer can start here
-                    ok = False
-                finally:
-                    if spin:
-                        os.environ.pop("GOMP_SPINCOUNT", None)
-                _native_pid = os.getpid()
-                _native_state = ok
-    return bool(_native_state) and os.getpid() == _native_pid
-
-
-def _run_native(fn, arrays: tuple, geo: np.ndarray, blocks, workers: int) -> None:
-    """``fn(*arrays, blocks, geo)``: the blocks on ``workers`` threads of numba's layer
-    (fewer when numba started fewer; numba keeps the count per calling thread)."""
-    import numba
-    n = min(workers, numba.config.NUMBA_NUM_THREADS)
-    if numba.get_num_threads() != n:
-        numba.set_num_threads(n)
-    fn(*arrays, np.array(blocks, dtype=np.int64), geo)
-
-
 @functools.lru_cache(maxsize=1)
 def _jit():
     try:
@@ -192,9 +130,8 @@ def _fits(arr: np.ndarray, dtype) -> bool:
 
 
 def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_limit: int,
-          direction: str, unit: int = 1) -> tuple[tuple[tuple[int, int], ...], int, bool]:
-    """Channel chunks ``[c0, c1)``, the number of threads to run them on, and whether they
-    run on numba's threading layer (``_native``; only for inputs read in place).
+          direction: str, unit: int = 1) -> tuple[tuple[tuple[int, int], ...], int]:
+    """Channel chunks ``[c0, c1)`` and the number of threads to run them on.
 
     Every output element is computed inside one chunk in a fixed order, so neither the
     chunking nor which thread runs a chunk changes a bit of the result: chunks follow the
@@ -203,35 +140,23 @@ def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_li
     Chunks are multiples of ``unit`` channels (the channels-last block) unless the cap
     demands less.
     """
-    num_threads = threads.get_num_threads()
-    blocks, workers = _plan_cached(spec, per_channel_bytes, fixed_bytes, workspace_limit, direction, unit,
-                                   num_threads, PARALLEL_MACS, False)
-    if workers == 1 and per_channel_bytes == 0 and _native(num_threads):
-        # below the pool's threshold: numba's layer from its own, lower one (larger calls
-        # keep the pool, whose blocks go to whichever thread is free)
-        blocks, workers = _plan_cached(spec, 0, fixed_bytes, workspace_limit, direction, unit, num_threads,
-                                       NATIVE_PARALLEL_MACS, True)
-        return blocks, workers, workers > 1
-    return blocks, workers, False
+    return _plan_cached(spec, per_channel_bytes, fixed_bytes, workspace_limit, direction, unit,
+                        threads.get_num_threads(), PARALLEL_MACS)
 
 
 @functools.lru_cache(maxsize=256)
 def _plan_cached(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_limit: int,
-                 direction: str, unit: int, num_threads: int, parallel_macs: int,
-                 native: bool) -> tuple[tuple[tuple[int, int], ...], int]:
+                 direction: str, unit: int, num_threads: int,
+                 parallel_macs: int) -> tuple[tuple[tuple[int, int], ...], int]:
     # remembered: a small call repeats its plan (the rules cost ~5 us of a 35 us call); the
     # threshold is an argument, so that a changed module constant is a new key
     c = spec.ic
     per_channel = _macs_per_channel(spec)
     serial = parallel_macs * PARALLEL_FACTOR[unit > 1][direction]
     workers = 1 if (per_channel + CHANNEL_MACS) * c < serial else max(1, min(c, num_threads))
-    # one thread: one chunk (each chunk is a compiled call, about 10 us of argument unboxing);
-    # numba's layer splits the chunks evenly over its threads, so one chunk per thread there
-    if workers == 1 or native:
-        chunk = -(-c // workers)
-    else:
-        chunk = min(-(-c // workers), max(-(-c // (workers * CHUNKS_PER_WORKER)),
-                                          -(-MIN_CHUNK_MACS // max(1, per_channel))))
+    # one thread: one chunk (each chunk is a compiled call, about 10 us of argument unboxing)
+    chunk = c if workers == 1 else min(-(-c // workers), max(-(-c // (workers * CHUNKS_PER_WORKER)),
+                                                             -(-MIN_CHUNK_MACS // max(1, per_channel))))
     chunk = -(-chunk // unit) * unit
     need = fixed_bytes + per_channel_bytes
     if need > workspace_limit:
@@ -320,12 +245,8 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
     geo = _geo(spec)
     cl = channels_last(spec, "fwd")
     get_x, per = _streamed(src, dtype, x_shape, 1)
-    blocks, workers, native = _plan(spec, per, w.nbytes + _scratch(spec, "fwd", dtype.itemsize), workspace_limit,
-                                    "fwd", CB_CHANNELS if cl else 1)
-    if native:
-        _run_native(jit.forward_cl_blocks if cl else jit.forward_blocks, (src.reshape(x_shape), w, dst), geo,
-                    blocks, workers)
-        return dst.reshape(spec.dst_shape)
+    blocks, workers = _plan(spec, per, w.nbytes + _scratch(spec, "fwd", dtype.itemsize), workspace_limit, "fwd",
+                            CB_CHANNELS if cl else 1)
 
     def work(b):
         x, xc0 = get_x(*b)
@@ -345,12 +266,8 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     geo = _geo(spec)
     cl = channels_last(spec, "bwd_data")
     get_dy, per = _streamed(diff_dst, dtype, y_shape, spec.ocg)
-    blocks, workers, native = _plan(spec, per, w.nbytes + _scratch(spec, "bwd_data", dtype.itemsize),
-                                    workspace_limit, "bwd_data", CB_CHANNELS if cl else 1)
-    if native:
-        _run_native(jit.backward_data_cl_blocks if cl else jit.backward_data_blocks,
-                    (diff_dst.reshape(y_shape), w, dsrc), geo, blocks, workers)
-        return dsrc.reshape(spec.src_shape)
+    blocks, workers = _plan(spec, per, w.nbytes + _scratch(spec, "bwd_data", dtype.itemsize), workspace_limit,
+                            "bwd_data", CB_CHANNELS if cl else 1)
 
     def work(b):
         dy, dyc0 = get_dy(*b)
@@ -371,12 +288,8 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     cl = channels_last(spec, "bwd_weights")
     get_x, per_x = _streamed(src, dtype, x_shape, 1)
     get_dy, per_dy = _streamed(diff_dst, dtype, y_shape, spec.ocg)
-    blocks, workers, native = _plan(spec, per_x + per_dy, _scratch(spec, "bwd_weights", dtype.itemsize),
-                                    workspace_limit, "bwd_weights", CB_CHANNELS if cl else 1)
-    if native:
-        _run_native(jit.backward_weights_cl_blocks if cl else jit.backward_weights_blocks,
-                    (src.reshape(x_shape), diff_dst.reshape(y_shape), dw), geo, blocks, workers)
-        return dw.reshape(spec.weights_shape)
+    blocks, workers = _plan(spec, per_x + per_dy, _scratch(spec, "bwd_weights", dtype.itemsize), workspace_limit,
+                            "bwd_weights", CB_CHANNELS if cl else 1)
 
     def work(b):
         x, xc0 = get_x(*b)
