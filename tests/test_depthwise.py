@@ -129,6 +129,24 @@ def test_direct_pads_larger_than_the_kernel_and_unit_shapes(variant):
 
 
 @needs_numba
+def test_direct_stride_two_rows_every_width_and_pad(monkeypatch):
+    """The stride-2 row copies into the phase grids (column pairs from column 0, the
+    columns left over listed per call): every width, odd and even, with every front and
+    back pad up to 3, so that a pair starts on either residue and the last column falls
+    inside or outside the grid; 1-D rows, multiplier 2, on the phase-grid loop nest."""
+    monkeypatch.setattr(dwk, "SMALL_IMAGE", -1)
+    monkeypatch.setattr(dwk, "SMALL_IMAGE_BWD_WEIGHTS", -1)
+    rng = np.random.default_rng(77)
+    for w_in in range(1, 10):
+        for k, d in ((2, 1), (3, 1), (3, 2), (4, 1)):
+            for pb in range(4):
+                for pe in range(3):
+                    if not feasible((w_in,), (k,), (d,), (pb,), (pe,)):
+                        continue
+                    _check(_spec(2, 2, 2, (w_in,), (k,), (2,), (d,), (pb,), (pe,)), rng)
+
+
+@needs_numba
 def test_direct_is_chosen_and_half_types_round_once():
     spec = _spec(2, 4, 2, (9, 8), (3, 2), (2, 1), (1, 2), (1, 0), (0, 1))
     for direction in dispatch.DIRECTIONS:

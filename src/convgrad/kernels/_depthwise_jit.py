@@ -45,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ._jit_common import JIT, stack_registers
+from ._jit_common import JIT, copy_elems, stack_registers
 
 FOLD = 4         # lanes left by the halving fold of the weight gradient, added in float64
 from .depthwise import LANES as R     # weight-gradient lanes (positions p % R)
@@ -92,50 +92,60 @@ def _setup(ins, outs, ks, geo):
     return q, total, total - max_off, max_off, rank, res, nres, tap_phase, tap_off
 
 
+# The copies below index flat views with unsigned offsets and slice nothing per row: a
+# row is 7-112 elements, and per-row slices and short edge loops around the vector loop
+# cost as much as the copy (measured, one core, the phase grids of all channels of a
+# call, ms, sliced rows with edge loops / flat: 256 x 28^2 0.16 / 0.11; 128 x 56^2 0.16 /
+# 0.11; stride 2: 64 x 112^2 0.33 / 0.22, 128 x 56^2 0.28 / 0.19).
+U1 = np.uint64(1)
+U2 = np.uint64(2)
+
+
 @njit(nogil=True, cache=True)
 def _build_phases_pairs(xc, buf, q, res, nres, geo):
-    """``_build_phases`` for stride 2 along W with both residues used: the two phase rows
-    of an input row are filled in one de-interleaving loop (cell j of residue r reads
-    column 2*j + r - p; a load with gaps does not vectorize, a full pair does)."""
+    """``_build_phases`` for stride 2 along W with both residues used: column ``c`` goes
+    to residue ``(c + p) % 2``, cell ``(c + p) // 2``, so the column pairs ``(2i, 2i + 1)``
+    fill cell ``i + j_a`` of one residue row and ``i + j_b`` of the other in one
+    de-interleaving loop (a load with gaps does not vectorize, a full pair does). The
+    columns past the last whole pair that still fall inside the grid (an odd width) are
+    listed once per call and copied one by one."""
     d_in, h_in, w_in = xc.shape[0], xc.shape[1], xc.shape[2]
+    xf = xc.reshape(d_in * h_in * w_in)
     q1, q2 = q[1], q[2]
     plane = q[0] * q1 * q2
     p2 = geo[8]
-    f0 = -p2                                     # residues 0 and 1: columns 2*j - p, 2*j + 1 - p
-    lo0 = max(0, -(f0 // 2))
-    lo1 = max(0, -((f0 + 1) // 2))
-    hi0 = max(lo0, min(q2, (w_in - 1 - f0) // 2 + 1))
-    hi1 = max(lo1, min(q2, (w_in - 2 - f0) // 2 + 1))
-    lo = max(lo0, lo1)
-    hi = max(lo, min(hi0, hi1))
+    off_a = (p2 % 2) * plane + p2 // 2              # cell of column 0, from its row pair's base
+    off_b = (1 - p2 % 2) * plane + (p2 + 1) // 2    # cell of column 1
+    npair = max(0, min(w_in // 2, min(q2 - p2 // 2, q2 - (p2 + 1) // 2)))
+    n_edge = 0
+    e_dst = np.empty(w_in - 2 * npair + 1, np.uint64)
+    e_src = np.empty(w_in - 2 * npair + 1, np.uint64)
+    for c in range(2 * npair, w_in):
+        if (c + p2) // 2 < q2:
+            e_dst[n_edge] = ((c + p2) % 2) * plane + (c + p2) // 2
+            e_src[n_edge] = c
+            n_edge += 1
+    n = np.uint64(npair)
     for i0 in range(nres[0]):
         for i1 in range(nres[1]):
             ph = (i0 * nres[1] + i1) * 2
             r0, r1 = res[0, i0], res[1, i1]
             for a in range(q[0]):
                 i_d = a * geo[0] + r0 - geo[6]
+                if i_d < 0 or i_d >= d_in:
+                    continue
                 for b in range(q1):
                     i_h = b * geo[1] + r1 - geo[7]
-                    if i_d < 0 or i_d >= d_in or i_h < 0 or i_h >= h_in:
+                    if i_h < 0 or i_h >= h_in:
                         continue
-                    c0 = ph * plane + (a * q1 + b) * q2
-                    c1 = c0 + plane
-                    row0 = buf[c0:c0 + q2]
-                    row1 = buf[c1:c1 + q2]
-                    xr = xc[i_d, i_h]
-                    for j in range(lo0, lo):
-                        row0[j] = xr[2 * j + f0]
-                    for j in range(hi, hi0):
-                        row0[j] = xr[2 * j + f0]
-                    for j in range(lo1, lo):
-                        row1[j] = xr[2 * j + f0 + 1]
-                    for j in range(hi, hi1):
-                        row1[j] = xr[2 * j + f0 + 1]
-                    d0, d1 = row0[lo:hi], row1[lo:hi]
-                    src = xr[2 * lo + f0:]
-                    for j in range(hi - lo):
-                        d0[j] = src[2 * j]
-                        d1[j] = src[2 * j + 1]
+                    base = np.uint64(ph * plane + (a * q1 + b) * q2)
+                    us = np.uint64((i_d * h_in + i_h) * w_in)
+                    ua, ub = base + np.uint64(off_a), base + np.uint64(off_b)
+                    for i in range(n):
+                        buf[ua + i] = xf[us + U2 * i]
+                        buf[ub + i] = xf[us + U2 * i + U1]
+                    for e in range(n_edge):
+                        buf[base + e_dst[e]] = xf[us + e_src[e]]
 
 
 @njit(nogil=True, cache=True)
@@ -144,65 +154,55 @@ def _build_phases(xc, buf, q, rank, res, nres, geo):
     inside the image are written: the caller zeroes ``buf`` once per call, and the padding
     cells are the same for every channel of the call (no zeroing per channel and row)."""
     d_in, h_in, w_in = xc.shape[0], xc.shape[1], xc.shape[2]
-    q1, q2 = q[1], q[2]
-    plane = q[0] * q1 * q2
     if geo[2] == 2 and nres[2] == 2:
         _build_phases_pairs(xc, buf, q, res, nres, geo)
         return
+    xf = xc.reshape(d_in * h_in * w_in)
+    q1, q2 = q[1], q[2]
+    plane = q[0] * q1 * q2
+    s2, p2 = geo[2], geo[8]
+    su = np.uint64(s2)
     for i0 in range(nres[0]):
         for i1 in range(nres[1]):
             for i2 in range(nres[2]):
                 ph = (i0 * nres[1] + i1) * nres[2] + i2
                 r0, r1, r2 = res[0, i0], res[1, i1], res[2, i2]
-                s2, p2 = geo[2], geo[8]
-                # valid q2: 0 <= q2*s2 + r2 - p2 < w_in
-                lo = -((r2 - p2) // s2)
-                if lo < 0:
-                    lo = 0
-                hi = (w_in - 1 + p2 - r2) // s2 + 1
-                if hi > q2:
-                    hi = q2
-                if hi < lo:
-                    hi = lo
+                # valid cells along W: 0 <= j*s2 + r2 - p2 < w_in
+                lo = max(0, -((r2 - p2) // s2))
+                hi = min(q2, (w_in - 1 + p2 - r2) // s2 + 1)
+                if hi <= lo:
+                    continue
+                n = np.uint64(hi - lo)
+                first = lo * s2 + r2 - p2                      # the first column read (>= 0)
                 for a in range(q[0]):
                     i_d = a * geo[0] + r0 - geo[6]
+                    if i_d < 0 or i_d >= d_in:
+                        continue
                     for b in range(q1):
                         i_h = b * geo[1] + r1 - geo[7]
-                        if i_d < 0 or i_d >= d_in or i_h < 0 or i_h >= h_in:
+                        if i_h < 0 or i_h >= h_in:
                             continue
-                        row = buf[ph * plane + (a * q1 + b) * q2:ph * plane + (a * q1 + b + 1) * q2]
-                        xr = xc[i_d, i_h]
-                        first = r2 - p2
+                        ud = np.uint64(ph * plane + (a * q1 + b) * q2 + lo)
+                        us = np.uint64((i_d * h_in + i_h) * w_in + first)
                         if s2 == 1:
-                            src = xr[lo + first:hi + first]
-                            dst = row[lo:hi]
-                            for j in range(hi - lo):
-                                dst[j] = src[j]
-                        elif s2 == 2:                      # a constant stride: vector shuffles
-                            # (sliced first: an index ``base + 2*j`` of unknown sign gets
-                            # numba's negative-index wraparound in the loop, which blocks
-                            # vectorization: 3.7x slower, measured)
-                            dst = row[lo:hi]
-                            src = xr[lo * 2 + first:]
-                            for j in range(hi - lo):
-                                dst[j] = src[2 * j]
+                            copy_elems(buf, ud, xf, us, n)
+                        elif s2 == 2:               # a constant stride: vector shuffles
+                            for j in range(n):
+                                buf[ud + j] = xf[us + U2 * j]
                         else:
-                            dst = row[lo:hi]
-                            src = xr[lo * s2 + first:]
-                            for j in range(hi - lo):
-                                dst[j] = src[j * s2]
+                            for j in range(n):
+                                buf[ud + j] = xf[us + su * j]
 
 
 @njit(nogil=True, cache=True)
 def _place(yc, wide, base, q):
     """wide[base + flat(o)] = yc[o] for every output o of one channel (other cells untouched)."""
+    d_o, h_o, w_o = yc.shape[0], yc.shape[1], yc.shape[2]
+    yf = yc.reshape(d_o * h_o * w_o)
     q1, q2 = q[1], q[2]
-    for a in range(yc.shape[0]):
-        for b in range(yc.shape[1]):
-            src = yc[a, b]
-            dst = wide[base + (a * q1 + b) * q2:base + (a * q1 + b) * q2 + yc.shape[2]]
-            for j in range(yc.shape[2]):
-                dst[j] = src[j]
+    for a in range(d_o):
+        for b in range(h_o):
+            copy_elems(wide, base + (a * q1 + b) * q2, yf, (a * h_o + b) * w_o, w_o)
 
 
 @njit(nogil=True, cache=True)
@@ -274,13 +274,10 @@ def forward(x, xc0, w, y, yc0, c0, c1, geo):
                 o = c * mult + m
                 wo = w2[o]
                 _taps_into(yw, span, buf, 0, wo, taps, tap_phase, tap_off, 1, total, True)
-                yo = y[n, o - yc0]
+                yo = y[n, o - yc0].reshape(outs[0] * outs[1] * outs[2])
                 for a in range(outs[0]):
                     for b in range(outs[1]):
-                        src = yw[(a * q[1] + b) * q[2]:(a * q[1] + b) * q[2] + outs[2]]
-                        dst = yo[a, b]
-                        for j in range(outs[2]):
-                            dst[j] = src[j]
+                        copy_elems(yo, (a * outs[1] + b) * outs[2], yw, (a * q[1] + b) * q[2], outs[2])
 
 
 @njit(nogil=True, cache=True)
@@ -305,10 +302,8 @@ def _write_dx(dxc, dp, total, q, nres, loc_r, loc_q, geo, row_map):
             pre = (loc_r[0, a] * nres[1] + loc_r[1, b]) * nres[2]
             cell = (loc_q[0, a] * q[1] + loc_q[1, b]) * q[2]
             if s2 == 1:                          # one phase along the row: a contiguous copy
-                valid = min(ins2, q[2] - geo[8])
-                src = dp[pre * total + cell + geo[8]:pre * total + cell + geo[8] + valid]
-                for j in range(valid):
-                    row[j] = src[j]
+                valid = max(0, min(ins2, q[2] - geo[8]))
+                copy_elems(row, 0, dp, pre * total + cell + geo[8], valid)
                 for j in range(valid, ins2):
                     row[j] = 0
                 continue
