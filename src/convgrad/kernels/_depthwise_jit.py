@@ -102,30 +102,43 @@ U2 = np.uint64(2)
 
 
 @njit(nogil=True, cache=True)
-def _build_phases_pairs(xc, buf, q, res, nres, geo):
-    """``_build_phases`` for stride 2 along W with both residues used: column ``c`` goes
-    to residue ``(c + p) % 2``, cell ``(c + p) // 2``, so the column pairs ``(2i, 2i + 1)``
-    fill cell ``i + j_a`` of one residue row and ``i + j_b`` of the other in one
-    de-interleaving loop (a load with gaps does not vectorize, a full pair does). The
-    columns past the last whole pair that still fall inside the grid (an odd width) are
-    listed once per call and copied one by one."""
+def _pair_plan(w_in, q, geo):
+    """The stride-2 row copy of ``_build_phases_pairs``, planned once per call (per channel
+    it cost two allocations): column ``c`` goes to residue ``(c + p) % 2``, cell ``(c + p)
+    // 2``, so the column pairs ``(2i, 2i + 1)`` fill cell ``i + j_a`` of one residue row and
+    ``i + j_b`` of the other. Returns ``(npair, off_a, off_b)``, the cells of columns 0 and 1
+    counted from their row pair's base, and the columns past the last whole pair that still
+    fall inside the grid (an odd width) as rows ``(cell offset, column)``."""
+    q2 = q[2]
+    plane = q[0] * q[1] * q2
+    p2 = geo[8]
+    npair = max(0, min(w_in // 2, min(q2 - p2 // 2, q2 - (p2 + 1) // 2)))
+    head = np.array([npair, (p2 % 2) * plane + p2 // 2, (1 - p2 % 2) * plane + (p2 + 1) // 2], np.int64)
+    n_edge = 0
+    for c in range(2 * npair, w_in):
+        if (c + p2) // 2 < q2:
+            n_edge += 1
+    edges = np.empty((n_edge, 2), np.uint64)
+    k = 0
+    for c in range(2 * npair, w_in):
+        if (c + p2) // 2 < q2:
+            edges[k, 0] = ((c + p2) % 2) * plane + (c + p2) // 2
+            edges[k, 1] = c
+            k += 1
+    return head, edges
+
+
+@njit(nogil=True, cache=True)
+def _build_phases_pairs(xc, buf, q, res, nres, geo, head, edges):
+    """``_build_phases`` for stride 2 along W with both residues used: each input row is
+    de-interleaved in one loop of column pairs (a load with gaps does not vectorize, a full
+    pair does), plus its leftover columns, as ``_pair_plan`` laid out."""
     d_in, h_in, w_in = xc.shape[0], xc.shape[1], xc.shape[2]
     xf = xc.reshape(d_in * h_in * w_in)
     q1, q2 = q[1], q[2]
     plane = q[0] * q1 * q2
-    p2 = geo[8]
-    off_a = (p2 % 2) * plane + p2 // 2              # cell of column 0, from its row pair's base
-    off_b = (1 - p2 % 2) * plane + (p2 + 1) // 2    # cell of column 1
-    npair = max(0, min(w_in // 2, min(q2 - p2 // 2, q2 - (p2 + 1) // 2)))
-    n_edge = 0
-    e_dst = np.empty(w_in - 2 * npair + 1, np.uint64)
-    e_src = np.empty(w_in - 2 * npair + 1, np.uint64)
-    for c in range(2 * npair, w_in):
-        if (c + p2) // 2 < q2:
-            e_dst[n_edge] = ((c + p2) % 2) * plane + (c + p2) // 2
-            e_src[n_edge] = c
-            n_edge += 1
-    n = np.uint64(npair)
+    n = np.uint64(head[0])
+    off_a, off_b = np.uint64(head[1]), np.uint64(head[2])
     for i0 in range(nres[0]):
         for i1 in range(nres[1]):
             ph = (i0 * nres[1] + i1) * 2
@@ -140,22 +153,23 @@ def _build_phases_pairs(xc, buf, q, res, nres, geo):
                         continue
                     base = np.uint64(ph * plane + (a * q1 + b) * q2)
                     us = np.uint64((i_d * h_in + i_h) * w_in)
-                    ua, ub = base + np.uint64(off_a), base + np.uint64(off_b)
+                    ua, ub = base + off_a, base + off_b
                     for i in range(n):
                         buf[ua + i] = xf[us + U2 * i]
                         buf[ub + i] = xf[us + U2 * i + U1]
-                    for e in range(n_edge):
-                        buf[base + e_dst[e]] = xf[us + e_src[e]]
+                    for e in range(edges.shape[0]):
+                        buf[base + edges[e, 0]] = xf[us + edges[e, 1]]
 
 
 @njit(nogil=True, cache=True)
-def _build_phases(xc, buf, q, rank, res, nres, geo):
+def _build_phases(xc, buf, q, rank, res, nres, geo, pairs):
     """buf[phase, flat q] = x_pad[q*s + r] of one channel ``xc`` (D, H, W). Only the cells
     inside the image are written: the caller zeroes ``buf`` once per call, and the padding
-    cells are the same for every channel of the call (no zeroing per channel and row)."""
+    cells are the same for every channel of the call (no zeroing per channel and row).
+    ``pairs``: the caller's ``_pair_plan``, used for stride 2 along W with both residues."""
     d_in, h_in, w_in = xc.shape[0], xc.shape[1], xc.shape[2]
     if geo[2] == 2 and nres[2] == 2:
-        _build_phases_pairs(xc, buf, q, res, nres, geo)
+        _build_phases_pairs(xc, buf, q, res, nres, geo, pairs[0], pairs[1])
         return
     xf = xc.reshape(d_in * h_in * w_in)
     q1, q2 = q[1], q[2]
@@ -265,11 +279,12 @@ def forward(x, xc0, w, y, yc0, c0, c1, geo):
     taps = np.arange(n_taps)
     nph = nres[0] * nres[1] * nres[2]
     buf = np.zeros(nph * total, x.dtype)              # padding cells stay zero (_build_phases)
+    pairs = _pair_plan(ins[2], q, geo)
     yw = np.empty(max(span, 0), y.dtype)
     w2 = w.reshape((w.shape[0], n_taps))
     for n in range(x.shape[0]):
         for c in range(c0, c1):
-            _build_phases(x[n, c - xc0], buf, q, rank, res, nres, geo)
+            _build_phases(x[n, c - xc0], buf, q, rank, res, nres, geo, pairs)
             for m in range(mult):
                 o = c * mult + m
                 wo = w2[o]
@@ -445,6 +460,7 @@ def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
     # padding cells stay zero (_build_phases); R spare cells past the grids for the last
     # register block (dyw is zero there, buf is read there)
     buf = np.zeros(nph * total + R, x.dtype)
+    pairs = _pair_plan(ins[2], q, geo)
     dyw = np.zeros(total + R, dy.dtype)              # cells outside dy stay zero
     span = max(span, 0)
     acc = np.empty((mult, n_taps + 1, R), dw_out.dtype)   # + a spare row (_tap_groups)
@@ -453,7 +469,7 @@ def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
     for c in range(c0, c1):
         acc[:] = 0
         for n in range(x.shape[0]):
-            _build_phases(x[n, c - xc0], buf, q, rank, res, nres, geo)
+            _build_phases(x[n, c - xc0], buf, q, rank, res, nres, geo, pairs)
             for m in range(mult):
                 _place(dy[n, c * mult + m - dyc0], dyw, 0, q)
                 for gi in range(g_offs.shape[0]):     # acc[t, p % R] += dyw[p] * grid(t)[p]
