@@ -45,7 +45,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ._jit_common import JIT, copy_elems, stack_registers
+from ._jit_common import JIT, copy_elems, gather_strided, stack_registers
 
 FOLD = 4         # lanes left by the halving fold of the weight gradient, added in float64
 from .depthwise import LANES as R     # weight-gradient lanes (positions p % R)
@@ -175,7 +175,6 @@ def _build_phases(xc, buf, q, rank, res, nres, geo, pairs):
     q1, q2 = q[1], q[2]
     plane = q[0] * q1 * q2
     s2, p2 = geo[2], geo[8]
-    su = np.uint64(s2)
     for i0 in range(nres[0]):
         for i1 in range(nres[1]):
             for i2 in range(nres[2]):
@@ -186,7 +185,7 @@ def _build_phases(xc, buf, q, rank, res, nres, geo, pairs):
                 hi = min(q2, (w_in - 1 + p2 - r2) // s2 + 1)
                 if hi <= lo:
                     continue
-                n = np.uint64(hi - lo)
+                n = hi - lo
                 first = lo * s2 + r2 - p2                      # the first column read (>= 0)
                 for a in range(q[0]):
                     i_d = a * geo[0] + r0 - geo[6]
@@ -196,16 +195,12 @@ def _build_phases(xc, buf, q, rank, res, nres, geo, pairs):
                         i_h = b * geo[1] + r1 - geo[7]
                         if i_h < 0 or i_h >= h_in:
                             continue
-                        ud = np.uint64(ph * plane + (a * q1 + b) * q2 + lo)
-                        us = np.uint64((i_d * h_in + i_h) * w_in + first)
+                        d0 = ph * plane + (a * q1 + b) * q2 + lo
+                        s0 = (i_d * h_in + i_h) * w_in + first
                         if s2 == 1:
-                            copy_elems(buf, ud, xf, us, n)
-                        elif s2 == 2:               # a constant stride: vector shuffles
-                            for j in range(n):
-                                buf[ud + j] = xf[us + U2 * j]
+                            copy_elems(buf, d0, xf, s0, n)
                         else:
-                            for j in range(n):
-                                buf[ud + j] = xf[us + su * j]
+                            gather_strided(buf, xf, d0, s0, n, s2)
 
 
 @njit(nogil=True, cache=True)

@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ._jit_common import JIT, stack_registers
+from ._jit_common import JIT, gather_strided, stack_registers
 
 from .thin import OB, R     # register tile: output channels x positions (the loops below are written out for OB = 3)
 
@@ -120,7 +120,7 @@ def _fill_phases(x, pgeo, c_lo, cg, buf, width, lo, hi, q0, q1, q2):
                 buf[out + j] = 0
             if last > first:
                 row = (((n * n_ch + ch) * d_in + i_d) * h_in + i_h) * w_in
-                _gather_strided(buf, xf, out + first, row + s2 * (col + first) + r2 - pb2, last - first, s2)
+                gather_strided(buf, xf, out + first, row + s2 * (col + first) + r2 - pb2, last - first, s2)
             for j in range(last, cnt):
                 buf[out + j] = 0
             f = end
@@ -480,23 +480,6 @@ def _phase_dims(plain, phases, geo):
     return (plain.shape[1], plain.shape[2], plain.shape[3], plain.shape[4],
             phases.shape[2], phases.shape[3], phases.shape[4], phases.shape[5], phases.shape[6], phases.shape[7],
             geo[3], geo[4], geo[5])
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _gather_strided(dst, src, d0, s0, n, s):
-    """``dst[d0 + j] = src[s0 + s*j]`` for ``j < n``, offsets unsigned (no negative-index
-    wrap test per element) and the stride a constant in the stride-2 branch: LLVM makes a
-    faster loop of each. Measured, one thread, the 19 MB input of mobilenet conv1 (mb32):
-    a bare stride-2 row copy 5.8 ms with signed offsets, 4.1 with a variable stride, 2.1
-    with neither (a whole phase split in views, as ``phase_merge`` is, took 8.5)."""
-    d0, s0 = np.uint64(d0), np.uint64(s0)
-    if s == 2:
-        for j in range(np.uint64(n)):
-            dst[d0 + j] = src[s0 + np.uint64(2) * j]
-    else:
-        su = np.uint64(s)
-        for j in range(np.uint64(n)):
-            dst[d0 + j] = src[s0 + su * j]
 
 
 @njit(nogil=True, cache=True)
