@@ -178,6 +178,39 @@ def test_end_to_end_run(tmp_path):
     assert "tiny_dw" in (tmp_path / "results.md").read_text()
 
 
+def test_a_turn_times_every_direction_before_its_checks():
+    """The cross-library check and the peak-memory call of round 0 run after every
+    direction of the turn is timed: between two directions they slowed the next one
+    (OpenBLAS threads left spinning, scratch buffers dropped), and only for the libraries
+    timed there. A failing check still drops that direction's times."""
+    events = []
+
+    class Fake:
+        name = "convgrad"
+
+        def prepare(self, spec, direction, src, w, dy):
+            def call():
+                events.append(("call", direction))
+                return np.ones(4, dtype=np.float32)
+
+            def canonical(a):
+                events.append(("check", direction))
+                if direction == "fwd":
+                    raise RuntimeError("bad result")
+                return a
+            return call, canonical
+
+    spec = bench.parse_descriptor('mb1ic2ih5oc3kh3n"t"').spec
+    req = {"op": "run", "spec": bench.spec_to_json(spec), "directions": list(bench.DIRECTIONS), "seed": 0,
+           "reps": 2, "warmup": 1, "max_seconds": 10.0, "check": True, "memory": True}
+    out = bench._serve(Fake(), req, {}, 1)
+    first_check = events.index(("check", "bwd_weights"))
+    assert events[:first_check].count(("call", "fwd")) == 3, events       # warm-up + 2 timed
+    assert all(kind == "call" for kind, _ in events[:first_check])
+    assert set(out["times"]) == {"bwd_weights", "bwd_data"} and "fwd" in out["unsupported"]
+    assert set(out["check"]) == {"bwd_weights", "bwd_data"} and out["peak"]["bwd_data"] > 0
+
+
 def test_bad_arguments_are_clear_errors(tmp_path):
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
