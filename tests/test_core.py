@@ -574,9 +574,10 @@ def test_stride_one_unpadded_taps_read_and_write_in_place(monkeypatch):
 
 def test_weights_gradient_channel_chunks(monkeypatch):
     """Deep layers (few rows, a result larger than the inputs) split the weights gradient
-    over channels instead of rows (im2col: input channels, taps: output channels), each
-    chunk written in place; with a cap that also splits the rows, each chunk sums its
-    partials in block order. Exact against the reference, bitwise across thread counts."""
+    over channels instead of rows (im2col: input channels, or output channels when there
+    are too few input channels, the ISTFT's case; taps: output channels), each chunk
+    written in place; with a cap that also splits the rows, each chunk sums its partials
+    in block order. Exact against the reference, bitwise across thread counts."""
     import threadpoolctl
     from convgrad.kernels import gemm
     monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
@@ -586,10 +587,14 @@ def test_weights_gradient_channel_chunks(monkeypatch):
     specs = [_spec(2, 10, 12, 1, (2, 3), (3, 2), (1, 1), (1, 1), (1, 0), (1, 1)),
              _spec(3, 40, 48, 1, (4, 3), (1, 1), (2, 1), (1, 1), (0, 0), (0, 0)),
              _spec(2, 8, 5, 1, (1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
-             _spec(1, 5, 9, 1, (6,), (3,), (2,), (1,), (1,), (1,))]
+             _spec(1, 5, 9, 1, (6,), (3,), (2,), (1,), (1,), (1,)),
+             _spec(1, 1, 10, 1, (40,), (16,), (4,), (1,), (0,), (0,)),
+             _spec(1, 2, 12, 1, (4, 20), (3, 8), (1, 4), (1, 1), (0, 1), (1, 0))]
     for spec in specs:
         for alg in FAST:
             assert gemm.weight_chunks(spec, "bwd_weights", alg) == 2, (spec, alg)
+        assert gemm.weight_chunk_axis(spec, "im2col") == (2 if spec.icg >= 4 else 1), str(spec)
+        assert gemm.weight_chunk_axis(spec, "taps") == 1
         x = rng.standard_normal(spec.src_shape)
         dy = rng.standard_normal(spec.dst_shape)
         want = ref.conv_backward_weights(spec, x, dy)

@@ -741,10 +741,15 @@ def _unit_phase(spec: ConvSpec) -> bool:
     return all(s == 1 for s in spec.strides) and not any(spec.pads_begin)
 
 
-def _dst_rows(spec: ConvSpec, ddst: np.ndarray, b: Block, dtype) -> np.ndarray:
-    """``diff_dst`` of a block, channel-major and exact: (O, nb, r1 - r0, *dst[1:])."""
-    part = ddst[slice(b.n0, b.n0 + b.nb), :, b.r0:b.r1]
-    out = _scratch("b", (spec.oc, b.nb) + part.shape[2:], dtype)
+def _dst_rows(spec: ConvSpec, ddst: np.ndarray, b: Block, dtype, o0: int = 0, o1: int | None = None) -> np.ndarray:
+    """``diff_dst`` of a block, channel-major and exact: (O, nb, r1 - r0, *dst[1:]), output
+    channels ``[o0, o1)`` (all by default). One image in the compute type is a view (its
+    channels' rows, BLAS's leading dimension apart), else a copy."""
+    o1 = spec.oc if o1 is None else o1
+    part = ddst[slice(b.n0, b.n0 + b.nb), o0:o1, b.r0:b.r1]
+    if b.nb == 1 and part.dtype == dtype and part[0, 0].flags.c_contiguous and part.strides[-1] == part.itemsize:
+        return part.swapaxes(0, 1)
+    out = _scratch("b", (o1 - o0, b.nb) + part.shape[2:], dtype)
     out[...] = part.swapaxes(0, 1)
     return out
 
@@ -1152,6 +1157,19 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
     return dst
 
 
+def weight_chunk_axis(spec: ConvSpec, algorithm: str) -> int:
+    """Axis of the (G, Og, Cg, T) weights gradient that ``weight_chunks`` splits (pure):
+    2, the input channels, for ``im2col`` with enough of them; else 1, the output channels.
+
+    The ISTFT's weight gradient (1 input channel, 1026 outputs, 1024 taps, 224 rows) ran
+    as two row slabs: two 4 MiB partials of 112-row products, then added, and each slab's
+    ``diff_dst`` rows copied. Split over output channels, each half reduces over all 224
+    rows into its rows of the result."""
+    if algorithm == "im2col" and spec.icg >= 2 * CHUNK_MIN_CHANNELS:
+        return 2
+    return 1
+
+
 def weight_chunks(spec: ConvSpec, direction: str, algorithm: str) -> int:
     """Channel chunks of a large weights gradient with few rows (pure).
 
@@ -1161,9 +1179,11 @@ def weight_chunks(spec: ConvSpec, direction: str, algorithm: str) -> int:
     place: no partials, no adds. ``im2col`` splits the input channels (each chunk builds
     only its rows of the column matrix), ``taps`` the output channels (each chunk packs
     only its channels of ``diff_dst``); the other operand, small next to the result in
-    exactly these layers, is then packed once per chunk.
+    exactly these layers, is then packed once per chunk. ``im2col`` with too few input
+    channels splits the output channels too (``weight_chunk_axis``): each chunk builds
+    the whole column matrix, small there, and reduces over every row at once.
     """
-    split = spec.icg if algorithm == "im2col" else spec.ocg
+    split = spec.icg if weight_chunk_axis(spec, algorithm) == 2 else spec.ocg
     if direction != "bwd_weights" or spec.groups != 1 or split < 2 * CHUNK_MIN_CHANNELS:
         return 1
     if spec.flops < PARALLEL_FLOPS or (algorithm == "taps" and spec.icg == spec.ocg == 1):
@@ -1184,19 +1204,23 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     blocks, worst = _plan(geom, "bwd_weights", algorithm, dtype, workspace_limit, rows_target)
     per, slabs = _natural(geom, "bwd_weights", algorithm, rows_target)
     nchunks = weight_chunks(spec, "bwd_weights", algorithm) if slabs == 1 and per >= spec.mb else 1
-    cuts = _bounds(cg if algorithm == "im2col" else og, nchunks)
+    ch = weight_chunk_axis(spec, algorithm)                  # the chunked axis of (G, Og, Cg, T)
+    cuts = _bounds(cg if ch == 2 else og, nchunks)
     items = [(b, o0, o1) for b in blocks for o0, o1 in zip(cuts, cuts[1:])]
     if algorithm == "im2col":
         layout, order = (g, og, cg, t), (0, 1, 2, 3)          # already (G, Og, Cg, T)
 
         def work(item, out=None) -> np.ndarray:
-            b, c0, c1 = item                                   # input channels [c0, c1)
-            sub = spec if nchunks == 1 else dataclasses.replace(spec, ic=c1 - c0)
-            cols = _src_cols(sub, src if nchunks == 1 else src[:, c0:c1], b, dtype)   # (G, Cg*T, rows)
+            b, j0, j1 = item                   # channels [j0, j1) of axis ch (all of them: one chunk)
+            inputs = ch == 2 and nchunks > 1
+            sub = dataclasses.replace(spec, ic=j1 - j0) if inputs else spec
+            cols = _src_cols(sub, src[:, j0:j1] if inputs else src, b, dtype)    # (G, Cg*T, rows)
             rows = cols.shape[2]
-            dy = _dst_rows(spec, diff_dst, b, dtype).reshape(g, og, rows)
-            part = np.empty((g, og, c1 - c0, t), dtype=dtype) if out is None else out
-            matmul_into(dy, cols.swapaxes(1, 2), part.reshape(g, og, (c1 - c0) * t), False)
+            o0, o1 = (j0, j1) if ch == 1 and nchunks > 1 else (0, spec.oc)    # chunks: one group
+            dy = _dst_rows(spec, diff_dst, b, dtype, o0, o1).reshape(g, -1, rows)
+            shape = (g, og, j1 - j0, t) if ch == 2 else (g, j1 - j0, cg, t)
+            part = np.empty(shape, dtype=dtype) if out is None else out
+            matmul_into(dy, cols.swapaxes(1, 2), part.reshape(g, shape[1], -1), False)
             return part
     elif _pointwise(spec, src, diff_dst, dtype=dtype):
         layout, order = (1, g, og, cg), (1, 2, 3, 0)
@@ -1231,8 +1255,12 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
             return part
     rows = _block_rows(geom, algorithm, blocks)
     m = cuts[1] - cuts[0]
-    product = (og, m * t, rows) if algorithm == "im2col" else (NO_PRODUCT if og == cg == 1 else (m, cg, rows))
-    ch = 2                                                     # the chunked axis of the layout
+    if algorithm == "im2col":
+        product = (og, m * t, rows) if ch == 2 else (m, cg * t, rows)
+        at = ch                                                # the chunked axis of the layout
+    else:
+        product = NO_PRODUCT if og == cg == 1 else (m, cg, rows)
+        at = 2                                                 # (T or 1, G, Og, Cg): Og
     if not blocks:
         return np.zeros(spec.weights_shape, dtype=dtype)
     if len(blocks) == 1 or nchunks > 1:
@@ -1242,7 +1270,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
         seen: set = set()
 
         def chunk_of(item):
-            return total[(slice(None),) * ch + (slice(item[1], item[2]),)]
+            return total[(slice(None),) * at + (slice(item[1], item[2]),)]
 
         if len(blocks) == 1:
             _run_blocks(lambda item: work(item, chunk_of(item)), items, worst, workspace_limit, product)
