@@ -130,7 +130,29 @@ def dnnl():
 
 
 # ---------------------------------------------------------------------------------------------
-# Batch 0
+# Batch 0, and no channels
+
+
+@pytest.mark.parametrize("algorithm", [None, "taps", "im2col", "reference"])
+def test_zero_channels_give_empty_results(algorithm):
+    """No input or no output channels: the empty results of the right shape, and exactly zero
+    gradients where the result is not empty (the fuzz test found ``taps``'s data gradient and
+    ``im2col``'s weight gradient reshaping an empty block instead)."""
+    import convgrad as cg
+    kw = dict(strides=(1,), pads_begin=(0,), pads_end=(0,), dilations=(1,), groups=1, algorithm=algorithm)
+    for dt in (np.float16, F32, np.float64):
+        x, dy = np.ones((1, 2, 1), dt), np.ones((1, 2, 1), dt)
+        dw = cg.conv_backward_weights(x[:, :0], dy, (1,), **kw)          # no input channels
+        assert dw.shape == (2, 0, 1) and dw.dtype == dt
+        dx = cg.conv_backward_data(dy, np.ones((2, 0, 1), dt), (1,), **kw)
+        assert dx.shape == (1, 0, 1) and dx.dtype == dt
+        assert cg.conv_forward(x[:, :0], np.ones((2, 0, 1), dt), **kw).shape == (1, 2, 1)
+        assert not np.any(cg.conv_forward(x[:, :0], np.ones((2, 0, 1), dt), **kw))
+        assert cg.conv_backward_weights(x, dy[:, :0], (1,), **kw).shape == (0, 2, 1)   # no outputs
+        got = cg.conv_backward_data(dy[:, :0], np.ones((0, 2, 1), dt), (1,), **kw)
+        assert got.shape == (1, 2, 1) and not np.any(got)
+        assert cg.conv_forward(x, np.ones((0, 2, 1), dt), **kw).shape == (1, 0, 1)
+
 
 
 def test_batch_zero_onednn():

@@ -177,6 +177,10 @@ def validate_backward_data(op: str, diff_dst, weights, src_spatial, *, strides, 
 def _run(direction: str, spec: ConvSpec, a: np.ndarray, b: np.ndarray, out_dtype: np.dtype,
          algorithm: str, limit: int) -> np.ndarray:
     cdt = compute_dtype(out_dtype)
+    shape = {"fwd": spec.dst_shape, "bwd_weights": spec.weights_shape, "bwd_data": spec.src_shape}[direction]
+    no_terms = {"fwd": spec.icg == 0, "bwd_weights": spec.mb == 0 or 0 in spec.dst, "bwd_data": spec.ocg == 0}
+    if 0 in shape or no_terms[direction]:   # an empty result, or sums of no terms: no kernel runs
+        return np.zeros(shape, dtype=out_dtype)
     if algorithm == "reference":
         acc = np.int64 if cdt.kind == "i" else np.float64
         fn = {"fwd": reference.conv_forward, "bwd_weights": reference.conv_backward_weights,

@@ -1217,10 +1217,10 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
             cols = _src_cols(sub, src[:, j0:j1] if inputs else src, b, dtype)    # (G, Cg*T, rows)
             rows = cols.shape[2]
             o0, o1 = (j0, j1) if ch == 1 and nchunks > 1 else (0, spec.oc)    # chunks: one group
-            dy = _dst_rows(spec, diff_dst, b, dtype, o0, o1).reshape(g, -1, rows)
+            dy = _dst_rows(spec, diff_dst, b, dtype, o0, o1).reshape(g, (o1 - o0) // g, rows)
             shape = (g, og, j1 - j0, t) if ch == 2 else (g, j1 - j0, cg, t)
             part = np.empty(shape, dtype=dtype) if out is None else out
-            matmul_into(dy, cols.swapaxes(1, 2), part.reshape(g, shape[1], -1), False)
+            matmul_into(dy, cols.swapaxes(1, 2), part.reshape(g, shape[1], shape[2] * t), False)
             return part
     elif _pointwise(spec, src, diff_dst, dtype=dtype):
         layout, order = (1, g, og, cg), (1, 2, 3, 0)
