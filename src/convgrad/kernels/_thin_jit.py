@@ -167,9 +167,10 @@ def _block(acc, row, col, n, buf, w, o, offs, u0, u1, first):
 
 @njit(**JIT)
 def _block2(acc, row, col, n, buf, w, o, o2, offs, u0, u1, first):
-    """``_block`` for the output channels ``o`` and ``o2`` (the last ``ocg % OB``): the same
-    sums. The last single channel runs as ``o2 = o``, both rows the same: twice its work,
-    but vectorized (LLVM left the loop of one channel scalar, at a quarter of the speed)."""
+    """``_block`` for the output channels ``o`` and ``o2`` (pairs after the full tiles):
+    the same sums. A last single channel runs as ``o2 = o``, both rows the same: twice its
+    work, but vectorized (LLVM left the loop of one channel scalar, at a quarter of the
+    speed); ``forward`` leaves it only where a group has one output channel."""
     wa, wb = w[o], w[o2]
     for p0 in range(0, n, R):
         r = carray(_registers(buf.dtype), OB * R)
@@ -268,6 +269,12 @@ def forward(x, w, y, geo, i0, i1):
     # (reading the input in place when there is no padding measured slower, 6.3 against
     # 5.5 ms on wavenet: the copy packs the tile's rows into the cache)
     img = q0 * q1 * q2
+    # channels [0, full) in register tiles of OB, the rest in pairs: a remainder of one
+    # channel after the last full tile runs as two pairs (4 = 2 + 2) rather than a pair
+    # with itself, which computes it twice (16 channels: 16 channel passes instead of 17)
+    full = ocg - ocg % OB
+    if ocg % OB == 1 and full > 0:
+        full -= OB
     # 1-D (one row per image): a tile of real outputs only is written straight into y
     y2 = y.reshape((y.shape[0] * y.shape[1], outs0 * outs1 * outs2))
     rows = q0 == 1 and q1 == 1
@@ -287,10 +294,10 @@ def forward(x, w, y, geo, i0, i1):
         # while every output channel reads them); the sums run on in ``out``
         for c0 in range(0, cg, cch):
             u0, u1 = c0 * n_taps, min(cg, c0 + cch) * n_taps
-            for o in range(0, ocg - OB + 1, OB):
+            for o in range(0, full, OB):
                 _block(out, row, col, cnt, buf, wg, o, offs, u0, u1, c0 == 0)
-            if ocg % OB:
-                _block2(out, row, col, cnt, buf, wg, ocg - ocg % OB, ocg - 1, offs, u0, u1, c0 == 0)
+            for o in range(full, ocg, 2):
+                _block2(out, row, col, cnt, buf, wg, o, min(o + 1, ocg - 1), offs, u0, u1, c0 == 0)
         if not direct:
             _scatter(y, g * ocg, ocg, acc, lo, cnt, q0, q1, q2, outs0, outs1, outs2)
 
