@@ -61,6 +61,9 @@ def test_descriptor_dilation_counts_from_zero_and_3d_copies():
     ("ic1iw10oc1ow3kw3sw2pw0", "output size"),
     ("mb2ih5oc6kh3", "ic must be given"),
     ("mb2mb3ic1ih5oc6kh3", "must appear once"),
+    ("ic2ih9oc2oh9kh3ph1peh2", "back padding peh2"),
+    ("ic2iw9oc2ow8kw2pw0pew2", "back padding pew2"),
+    ("ic2iw9oc2kw2pw0pew-1", "back padding must be non-negative"),
 ])
 def test_descriptor_errors(text, fragment):
     with pytest.raises(cg.ConvValueError, match=fragment):
@@ -77,6 +80,17 @@ def test_lists_parse_with_provenance(name):
     assert len(problems) == sum(1 for ln in lines if ln) > 0
     for p in problems:
         assert p.spec.flops > 0 and p.list_name == name
+
+
+def test_a_results_descriptor_runs_the_same_problem_again():
+    # the harness writes str(spec), back pads (pe*) included, in its results' descriptor
+    # column; reading that back must give the very same problem, asymmetric pads included
+    for name in bench.DEFAULT_LISTS:
+        for p in bench.read_problems(LISTS / name):
+            assert bench.parse_descriptor(str(p.spec)).spec == p.spec
+    s = bench.parse_descriptor("mb1ic2ih10iw9oc3kh3kw4sh2sw3ph1pw2peh0pew1").spec
+    # (10 + 1 + 0 - 3) // 2 + 1 = 5 and (9 + 2 + 1 - 4) // 3 + 1 = 3, worked by hand
+    assert (s.pads_begin, s.pads_end, s.dst) == ((1, 2), (0, 1), (5, 3))
 
 
 def test_scaling_keeps_the_layer_and_fits_the_budget():

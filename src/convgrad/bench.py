@@ -69,8 +69,8 @@ class Problem:
 
 
 _KEYS = ("mb", "g", "ic", "oc", "id", "ih", "iw", "od", "oh", "ow", "kd", "kh", "kw",
-         "sd", "sh", "sw", "pd", "ph", "pw", "dd", "dh", "dw")
-_TOKEN = re.compile(r"(mb|ic|oc|id|ih|iw|od|oh|ow|kd|kh|kw|sd|sh|sw|pd|ph|pw|dd|dh|dw|g)(-?\d+)")
+         "sd", "sh", "sw", "pd", "ph", "pw", "ped", "peh", "pew", "dd", "dh", "dw")
+_TOKEN = re.compile(r"(mb|ic|oc|id|ih|iw|od|oh|ow|kd|kh|kw|sd|sh|sw|ped|peh|pew|pd|ph|pw|dd|dh|dw|g)(-?\d+)")
 
 
 def parse_descriptor(text: str, *, list_name: str = "") -> Problem:
@@ -83,7 +83,10 @@ def parse_descriptor(text: str, *, list_name: str = "") -> Problem:
     ``oh = (ih - ek + 2 ph) // sh + 1``; with ``oh`` given and ``ph`` missing,
     ``ph = ((oh - 1) sh - ih + ek) // 2``. The back pad ``(oh - 1) sh - ih + ek - ph`` may
     be negative (trailing rows never read): it becomes 0 when the floor output size stays
-    ``oh``.
+    ``oh``. convgrad's own ``ped``/``peh``/``pew`` entries (the back pads, which the
+    harness writes in its results so that a row can be run again) set the back pad: with
+    ``oh`` missing, ``oh = (ih - ek + ph + peh) // sh + 1``; with ``oh`` given, that
+    formula must give it.
     """
     line = text.strip()
     tokens = [t for t in line.split() if not t.startswith("--")]
@@ -133,19 +136,23 @@ def parse_descriptor(text: str, *, list_name: str = "") -> Problem:
     src, ker = family("i"), family("k")
     strides = [v if v is not None else 1 for v in family("s")]
     dil = [(v if v is not None else 0) + 1 for v in family("d")]
-    outs, pads = family("o"), family("p")
+    outs, pads, ends = family("o"), family("p"), family("pe")
     pb, pe, dst = [], [], []
     for j in range(nsp):
         ek = (ker[j] - 1) * dil[j] + 1
-        o, p = outs[j], pads[j]
+        o, p, e = outs[j], pads[j], ends[j]
         if o is None:
             p = 0 if p is None else p
-            o = (src[j] - ek + 2 * p) // strides[j] + 1
+            o = (src[j] - ek + p + (p if e is None else e)) // strides[j] + 1
         elif p is None:
             p = ((o - 1) * strides[j] - src[j] + ek) // 2
-        back = (o - 1) * strides[j] - src[j] + ek - p
-        if p < 0:
-            raise ConvValueError(f"parse_descriptor: front padding must be non-negative, but got {p} in {text!r}")
+        back = (o - 1) * strides[j] - src[j] + ek - p if e is None else e
+        if p < 0 or back < 0 and e is not None:
+            which, v = ("front", p) if p < 0 else ("back", back)
+            raise ConvValueError(f"parse_descriptor: {which} padding must be non-negative, but got {v} in {text!r}")
+        if e is not None and forward_size(src[j], ker[j], strides[j], dil[j], p, e) != o:
+            raise ConvValueError(f"parse_descriptor: output size {o} must follow from the input, kernel, "
+                                 f"stride and padding (back padding pe{axes[j]}{e}), but got {text!r}")
         if back < 0:
             if forward_size(src[j], ker[j], strides[j], dil[j], p, 0) != o:
                 raise ConvValueError(f"parse_descriptor: output size {o} must follow from the input, kernel, "
