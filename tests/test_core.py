@@ -643,7 +643,8 @@ def test_blocks_run_on_every_thread_and_errors_propagate():
 def test_pool_threads_placed_on_their_own_cpus(monkeypatch):
     """The submitting thread pins each pool thread it wakes to its own CPU of the caller's
     allowed set (other CPUs than the caller's first when the caller works too), so two
-    threads of one call never share a core; the caller's own affinity is never changed;
+    threads of one call never share a core; a caller that works too is held on its own CPU
+    for the call and gets its own mask back after, also when a block raises;
     CONVGRAD_SPREAD=0 and a single allowed CPU leave the threads alone."""
     import os
     import threading
@@ -657,6 +658,10 @@ def test_pool_threads_placed_on_their_own_cpus(monkeypatch):
     assert threads.cpu_plan(2, caller_works=True) == [0, 2]
     assert threads.cpu_plan(3, caller_works=False) == [1, 0, 2]
     assert threads.cpu_plan(6, caller_works=True) == [0, 2, 3, 1, 0, 2]
+    assert threads.call_plan(2, caller_works=True) == ([0, 2], 1)
+    monkeypatch.setattr(threads, "_getcpu", lambda: (lambda: 7))    # a CPU outside the mask
+    assert threads.call_plan(2, caller_works=False) == ([0, 1], None)
+    monkeypatch.setattr(threads, "_getcpu", lambda: (lambda: 1))
     monkeypatch.setenv("CONVGRAD_SPREAD", "0")
     assert threads.cpu_plan(2, caller_works=True) is None
     monkeypatch.delenv("CONVGRAD_SPREAD")
@@ -686,9 +691,30 @@ def test_pool_threads_placed_on_their_own_cpus(monkeypatch):
             assert all(len(a) == 1 and a <= caller for a in aff), aff
         ids = [w.native_id for w in gemm._POOL.workers[:1]]
         assert os.sched_getaffinity(ids[0]) <= caller and len(os.sched_getaffinity(ids[0])) == 1
+        # run_each: the caller works too and is held on one CPU, not its helper's
+        me, masks = threading.get_native_id(), {}
+
+        def held(i):
+            masks.setdefault(threading.get_native_id() == me, set()).add(frozenset(os.sched_getaffinity(0)))
+            time.sleep(0.005)
+        gemm.run_each(held, list(range(8)), 2)
+        assert os.sched_getaffinity(0) == caller
+        if len(caller) > 1:
+            (mine,), theirs = masks[True], masks.get(False, set())
+            assert len(mine) == 1 and mine <= caller and all(mine != t for t in theirs), masks
+
+        def fails(i):
+            time.sleep(0.002)
+            raise RuntimeError("block failed")
+        with pytest.raises(RuntimeError, match="block failed"):
+            gemm.run_each(fails, list(range(4)), 2)
+        assert os.sched_getaffinity(0) == caller
         monkeypatch.setenv("CONVGRAD_SPREAD", "0")          # off: the pool threads get the CPUs back
         gemm._in_order(work, list(range(4)), 2, gemm._ignore)
         assert os.sched_getaffinity(ids[0]) == caller
+        masks.clear()
+        gemm.run_each(held, list(range(8)), 2)
+        assert masks[True] == {frozenset(caller)}            # and the caller is left alone
 
 
 def test_flipped_weights_copied_in_pieces(monkeypatch):

@@ -952,15 +952,17 @@ class _Pool:
         self.lock = threading.Lock()
         self.workers: list[_Worker] = []
 
-    def get(self, n: int, caller_works: bool) -> list[_Worker]:
-        """``n`` workers, each placed on a CPU for this call."""
+    def get(self, n: int, caller_works: bool) -> tuple[list[_Worker], int | None]:
+        """``n`` workers, each placed on a CPU for this call, and the CPU the placement
+        took the caller to run on (None: no placement)."""
         with self.lock:
             while len(self.workers) < n:
                 self.workers.append(_Worker())
             chosen = self.workers[:n]
-        for w, cpu in zip(chosen, threads.cpu_plan(n, caller_works) or [None] * n):
+        plan = threads.call_plan(n, caller_works)
+        for w, cpu in zip(chosen, plan[0] if plan else [None] * n):
             w.place(cpu)
-        return chosen
+        return chosen, (plan[1] if plan else None)
 
     def reset(self) -> None:
         self.__init__()
@@ -994,12 +996,14 @@ def run_each(work, blocks: list, workers: int) -> None:
                 return
             work(b)
 
-    helpers = [w.submit(loop) for w in _POOL.get(min(workers, len(blocks)) - 1, caller_works=True)]
-    try:
-        loop()
-    finally:
-        for f in helpers:
-            f.result()
+    pool, cpu = _POOL.get(min(workers, len(blocks)) - 1, caller_works=True)
+    helpers = [w.submit(loop) for w in pool]
+    with threads.held_on(cpu):        # on the CPU the placement left it (threads.py)
+        try:
+            loop()
+        finally:
+            for f in helpers:
+                f.result()
 
 
 def _in_order(work, blocks: list, workers: int, consume) -> None:
@@ -1014,7 +1018,7 @@ def _in_order(work, blocks: list, workers: int, consume) -> None:
         return
     # block i runs on worker i % workers: when block i is consumed, its worker is free
     # for block i + workers, the next one submitted
-    pool = _POOL.get(min(workers, len(blocks)), caller_works=False)
+    pool, _ = _POOL.get(min(workers, len(blocks)), caller_works=False)
     pending: deque = deque(pool[i].submit(work, b) for i, b in enumerate(blocks[:len(pool)]))
     for i in range(len(pool), len(blocks) + len(pool)):
         consume(pending.popleft().result())
