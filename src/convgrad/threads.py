@@ -218,13 +218,14 @@ class pinned_blas:
 # runs only once the other has finished), so the submitting thread pins each pool thread
 # it is about to wake to its own CPU of the caller's allowed set, other CPUs than the
 # caller's first when the caller works too.
-# That alone left the caller free to move, and it did: a caller that waits for the GIL
-# (a pool thread running the Python between its products) sleeps, and Linux wakes it on
-# the waking thread's CPU, the pool thread's. Logged per block (ISTFT weight gradient, two
-# blocks, 0.1 s pauses, 12 x 4 calls): the caller began its block on one CPU and ended it
-# on the pool thread's, and calls ran 7.7-8.2 ms (median) against 4.3 back to back. So
-# when the caller works too (``run_each``) it is held on the CPU the plan gave it for the
-# call (``held_on``) and its own mask restored after: 5.3-6.4 ms in the same pattern.
+# That alone left the caller free to move, and it did, presumably when it waited for the
+# GIL (a pool thread running the Python between its products): a sleeping thread may be
+# woken on the waking thread's CPU, here the pool thread's. Logged per block (ISTFT
+# weight gradient, two blocks, 0.1 s pauses, 12 x 4 calls): the caller began its block on
+# one CPU and ended it on the pool thread's, and calls ran 7.7-8.2 ms (median) against
+# 4.3 back to back. So when the caller works too (``run_each``) it is held on the CPU the
+# plan gave it for the call (``held_on``) and its own mask restored after: 5.3-6.4 ms in
+# the same pattern (4.6-4.8 against 7.3-8.0 in old/new processes taking turns).
 # The pins change nothing in what is computed. CONVGRAD_SPREAD=0 turns both off (the pool
 # threads then get the caller's allowed CPUs back); a no-op where the platform lacks
 # sched_getcpu or sched_setaffinity, or the caller may run on one CPU only.
