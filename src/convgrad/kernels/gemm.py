@@ -906,7 +906,7 @@ def _whole_window(spec: ConvSpec, direction: str, a: np.ndarray, b: np.ndarray, 
 
 class _Worker:
     """One pool thread with its own queue, so that the submitting thread knows which
-    thread runs a task and can place it on a CPU first (``threads.cpu_plan``)."""
+    thread runs a task and can place it on a CPU first (``threads.call_plan``)."""
 
     def __init__(self) -> None:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
