@@ -95,7 +95,8 @@ def test_thin_matches_reference_random(nsp, dtype):
 @pytest.mark.parametrize("extra", [0, 1, 2, 3])
 def test_thin_every_remainder_and_tile_edge(extra, monkeypatch):
     """Output sizes around the register tile (R positions) and a small tile (so tiles
-    span images and rows), every ``(i + pb + pe - ek) % R`` value sampled."""
+    span images and rows), every ``(i + pb + pe - ek) % R`` value sampled, in 1-, 2- and
+    3-D."""
     monkeypatch.setattr(thin, "MAX_TILE", 64)
     monkeypatch.setattr(thin, "MIN_TILE", 64)
     monkeypatch.setattr(thin, "CHUNK_BYTES", 64 * 4 * 3)       # chunks of a few input channels
@@ -104,6 +105,7 @@ def test_thin_every_remainder_and_tile_edge(extra, monkeypatch):
         w_in = base + extra
         _check(_spec(3, 6, 10, 2, (w_in,), (3,), (2,), (1,), (2,)), rng, np.float32)
         _check(_spec(2, 5, 9, 1, (3, w_in), (2, 3), (1, 1), (0, 1), (1, 2)), rng)
+        _check(_spec(2, 4, 7, 1, (3, 2, w_in), (2, 1, 3), (1, 1, 2), (1, 0, 1), (0, 1, 2)), rng)
 
 
 @needs_numba
