@@ -121,6 +121,22 @@ def test_thin_pads_larger_than_the_kernel_and_unit_shapes():
             _check(spec, rng, dt)
 
 
+@pytest.mark.parametrize("items, workers", [(328, 2), (176, 2), (41, 3), (7, 2), (2, 2), (1, 4), (0, 2), (50, 1)])
+def test_guided_chunks_cover_the_items_in_order(items, workers):
+    """Chunks tile ``range(items)`` contiguously and in order; one chunk for one worker;
+    with more workers the sizes never grow, the first holds its guided share of the
+    items and the last one item."""
+    chunks = thin.guided_chunks(items, workers)
+    assert [i for a, b in chunks for i in range(a, b)] == list(range(items))
+    assert all(b > a for a, b in chunks)
+    if workers == 1 or items == 0:
+        assert len(chunks) == (1 if items else 0)
+        return
+    sizes = [b - a for a, b in chunks]
+    assert sizes == sorted(sizes, reverse=True)
+    assert sizes[0] == -(-items // (thin.GUIDED_SHARE * workers)) and sizes[-1] == 1
+
+
 @needs_numba
 def test_thin_bitwise_across_threads_tiles_caps_and_layouts(monkeypatch):
     """Same bits with 1 or 2 threads, other tile sizes, a tight cap (one thread), and for
