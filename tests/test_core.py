@@ -640,6 +640,60 @@ def test_blocks_run_on_every_thread_and_errors_propagate():
     assert got == [i * i for i in range(9)]
 
 
+def test_ordered_blocks_do_not_wait_for_the_consumer():
+    """``_in_order`` with partial results: the pool threads take the next block
+    themselves, so a block starts while the caller is still consuming an earlier one (the
+    caller's adds held back the next block for up to 3.5 ms on two cores); results are
+    consumed in block order; at most ``alive`` exist at once (computed or waiting); an
+    error in a block or in the consumer is raised, and the pool still works after."""
+    import threading
+
+    from convgrad.kernels import gemm
+    started2 = threading.Event()
+    lock = threading.Lock()
+    live, peak, got = [0], [0], []
+
+    def work(i):
+        with lock:
+            live[0] += 1
+            peak[0] = max(peak[0], live[0])
+        if i == 2:
+            started2.set()
+        return i * i
+
+    def consume(v):
+        if v == 0:                 # block 0's consumer waits for block 2 to start
+            assert started2.wait(10), "block 2 waited for the consumer of block 0"
+        got.append(v)
+        with lock:
+            live[0] -= 1
+    gemm._in_order(work, list(range(12)), 2, consume, 3)
+    assert got == [i * i for i in range(12)]
+    assert peak[0] <= 3
+
+    live[0], peak[0] = 0, 0
+    gemm._in_order(work, list(range(12)), 2, lambda v: consume(v + 1), 2)   # two alive: in step
+    assert peak[0] <= 2
+
+    def fail(i):
+        if i == 5:
+            raise RuntimeError("block 5")
+        return i
+    seen = []
+    with pytest.raises(RuntimeError, match="block 5"):
+        gemm._in_order(fail, list(range(12)), 2, seen.append, 3)
+    assert seen == list(range(5))
+
+    def bad_consume(v):
+        if v == 3:
+            raise ValueError("consumer")
+    with pytest.raises(ValueError, match="consumer"):
+        gemm._in_order(lambda i: i, list(range(12)), 2, bad_consume, 3)
+    got.clear()
+    gemm._in_order(lambda i: -i, list(range(7)), 2, got.append, 3)
+    assert got == [-i for i in range(7)]
+
+
 def test_pool_threads_placed_on_their_own_cpus(monkeypatch):
     """The submitting thread pins each pool thread it wakes to its own CPU of the caller's
     allowed set (other CPUs than the caller's first when the caller works too), so two
