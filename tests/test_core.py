@@ -1076,19 +1076,26 @@ def test_taps_data_gradient_zeroes_the_rows_no_phase_writes(monkeypatch):
 
 
 @pytest.mark.parametrize("alg", FAST)
-def test_weight_gradients_take_one_block_per_thread_when_the_batch_splits_evenly(alg):
+def test_weight_gradients_take_one_block_per_thread(alg):
     """Each block of a weight gradient adds a partial result and reduces over its own rows
-    only: an even batch (or one image, in slabs) runs as two blocks where a forward or
-    data gradient of the same problem gets MIN_BLOCKS; an odd batch keeps its finer
-    blocks (two blocks of 5 and 4 images would leave a thread idle)."""
+    only: a batch runs as two blocks of whole images, ceil(mb / 2) and the rest (an odd
+    batch too), and one image as two slabs, where a forward or data gradient of the same
+    problem gets MIN_BLOCKS; a 1x1 problem that ``taps`` runs on views of the arrays keeps
+    two blocks past the row target (nothing is packed)."""
     from convgrad.kernels import gemm
     limit, target = dispatch.DEFAULT_WORKSPACE_LIMIT, dispatch.ROWS_TARGET
     even = _spec(4, 64, 64, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
     one = _spec(1, 64, 128, 1, (12, 14, 14), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
     odd = _spec(9, 256, 256, 1, (28, 28), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
-    for spec in (even, one):
+    odd_s2 = _spec(19, 96, 64, 1, (28, 28), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))
+    for spec in (even, one, odd, odd_s2):
         geom = gemm.geometry(spec)
         weights = gemm.plan(geom, "bwd_weights", alg, 4, limit, target)
         assert len(weights) == gemm.MIN_BLOCKS_WEIGHTS, (str(spec), weights)
+        if spec.mb > 1:
+            assert [b.nb for b in weights] == [-(-spec.mb // 2), spec.mb // 2], (str(spec), weights)
         assert len(gemm.plan(geom, "fwd", alg, 4, limit, target)) >= gemm.MIN_BLOCKS, str(spec)
-    assert len(gemm.plan(gemm.geometry(odd), "bwd_weights", alg, 4, limit, target)) > gemm.MIN_BLOCKS_WEIGHTS + 1
+    wide = _spec(8, 64, 96, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))     # 4 x 3136 rows > target
+    assert 4 * 56 * 56 > target
+    blocks = gemm.plan(gemm.geometry(wide), "bwd_weights", "taps", 4, limit, target)
+    assert [b.nb for b in blocks] == [4, 4]

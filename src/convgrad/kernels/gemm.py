@@ -108,11 +108,19 @@ IM2COL_THIN_ROWS = 2
 # MIN_BLOCK_ROWS rows (long enough for efficient products).
 MIN_BLOCKS = 4
 # Weight gradients add one partial result per block, and each block's product reduces over
-# its own rows only, so where the batch splits evenly (an even batch, or one image cut in
-# slabs) they take one block per thread. Measured (2 threads, medians of 8 x 5 calls in one
-# process, 4 blocks / 2): resnet_50 res2a_branch2b (mb4, im2col) 13.1 / 11.2 ms,
-# res3a_branch2b 11.8 / 9.3 (taps 12.8 / 10.6), res3a_branch1 (taps) 9.5 / 8.1, 3d_unet
-# conv_4 (mb1) 9.4 / 7.2; data gradients and forwards did not change (res3a_branch1).
+# its own rows only, so they take one block per thread: whole images, ceil(mb / 2) in the
+# first block (an odd batch too), or one image cut in two slabs. Measured (2 threads,
+# medians of 8 x 5 calls in one process, 4 blocks / 2): resnet_50 res2a_branch2b (mb4,
+# im2col) 13.1 / 11.2 ms, res3a_branch2b 11.8 / 9.3 (taps 12.8 / 10.6), res3a_branch1
+# (taps) 9.5 / 8.1, 3d_unet conv_4 (mb1) 9.4 / 7.2; data gradients and forwards did not
+# change (res3a_branch1). Odd batches kept finer blocks, (2, 2, 2, 2, 1) for mb9 and
+# (4, 4, 4, 4, 3) for mb19, until two blocks of 5 + 4 and 10 + 9 measured faster (paired
+# medians of 16 rounds in one process, two blocks with ``_in_order``'s pulled blocks
+# against the finer blocks handed out by the caller): resnet_50 res2a_branch1 0.93, res4a_branch2c 0.89, res4b_branch2a
+# 0.85, res4a_branch2a 0.92, res3a_branch2a 0.85; mobilenet conv3 0.83, conv4 0.88,
+# conv7 0.86, conv8 0.90. The finer blocks balance no better (mb9: 5 images on one
+# thread, 4 on the other either way; mb19: 11 and 8 against 10 and 9) and cost a partial
+# sum, a hand-off and a shorter reduction each.
 MIN_BLOCKS_WEIGHTS = 2
 MIN_BLOCK_ROWS = 512
 # A weights gradient split over output channels keeps at least this many per chunk.
@@ -202,8 +210,9 @@ def _natural(geom: PhaseGeometry, direction: str, algorithm: str, rows_target: i
 
     Blocks hold about ``rows_target`` rows (fewer for wide column matrices), and a large
     problem (``PARALLEL_FLOPS`` or more, made of BLAS products) is cut into at least
-    ``MIN_BLOCKS`` blocks (``MIN_BLOCKS_WEIGHTS`` for a weight gradient whose batch splits
-    evenly) of at least ``MIN_BLOCK_ROWS`` rows, or in two when it has fewer
+    ``MIN_BLOCKS`` blocks (``MIN_BLOCKS_WEIGHTS`` of whole images for a weight gradient,
+    past the row target when ``taps`` reads the images in place) of at least
+    ``MIN_BLOCK_ROWS`` rows, or in two when it has fewer
     rows than that (deep layers: few rows, long reductions), so that the thread pool has
     work for every thread. Sizes are balanced (equal image counts, slabs that differ by at
     most one row), and a large problem cut into an odd number of slabs gets one slab less
@@ -224,9 +233,14 @@ def _natural(geom: PhaseGeometry, direction: str, algorithm: str, rows_target: i
     parallel = spec.flops >= PARALLEL_FLOPS and not elementwise
     if parallel:
         total = spec.mb * img
-        even = spec.mb % 2 == 0 or spec.mb == 1        # one image: cut in slabs, evenly
-        least = MIN_BLOCKS_WEIGHTS if direction == "bwd_weights" and even else MIN_BLOCKS
-        rows_target = min(rows_target, max(MIN_BLOCK_ROWS, -(-total // least)))
+        if direction == "bwd_weights":
+            # whole images, ceil(mb / 2) per block (an odd batch too); one image in slabs
+            least = -(-spec.mb // MIN_BLOCKS_WEIGHTS) * img if spec.mb > 1 else -(-total // MIN_BLOCKS_WEIGHTS)
+            if spec.mb > 1 and algorithm == "taps" and pointwise_spec(spec):
+                rows_target = max(rows_target, least)  # views, nothing packed: no row cap
+        else:
+            least = -(-total // MIN_BLOCKS)
+        rows_target = min(rows_target, max(MIN_BLOCK_ROWS, least))
         if total <= rows_target and weight_chunks(spec, direction, algorithm) > 1:
             rows_target = total                   # one row block; the output channels split
         elif total <= rows_target:                # still one block: split it in two
@@ -1020,8 +1034,9 @@ def _in_order(work, blocks: list, workers: int, consume, alive: int | None = Non
     (12 rounds in one process, new / old, two sessions): mobilenet conv3 (mb19, 10 blocks)
     0.92 / 0.82, res4a_branch2a (mb19, 5 blocks) 0.96 / 0.88, mobilenet conv7 0.96 / 0.89,
     res2a_branch1 (mb9) 0.99 / 0.96, 64 -> 256 on 8 images of 56^2 0.85; resnet_50 conv1's
-    data gradient (col2im blocks added in order) 1.03. Results do not depend on which thread runs a block (each
-    block's products run whole on one thread), only on the block order of the adds.
+    data gradient (col2im blocks added in order) 1.03. Results do not depend on which
+    thread runs a block (each block's products run whole on one thread), only on the block
+    order of the adds.
     """
     if workers <= 1 or len(blocks) <= 1:
         for b in blocks:
