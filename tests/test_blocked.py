@@ -395,6 +395,38 @@ def test_blocked_bitwise_across_threads_and_layouts(monkeypatch):
 
 
 @needs_blocked
+def test_blocked_rows_in_guided_chunks(monkeypatch):
+    """The forward loop's rows (forwards and flipped data gradients) go to the threads in
+    guided chunks, large first and single rows last, covering every row once in order, so
+    a slower thread takes fewer of them; the result equals the reference."""
+    from convgrad.kernels import thin
+    monkeypatch.setattr(blocked, "PARALLEL_MACS", 0)
+    seen = []
+    real = blocked.run_each
+
+    def spy(work, items, workers):
+        seen.append((list(items), workers))
+        return real(work, items, workers)
+    monkeypatch.setattr(blocked, "run_each", spy)
+    spec = _spec(2, 24, 40, 1, (11, 13), (3, 2), (1, 1), (1, 1), (1, 1), (1, 0))
+    rng = np.random.default_rng(16)
+    x, w, dy = _inputs(spec, rng, np.float32)
+    rows = spec.mb * spec.dst[0]
+    try:
+        cg.set_num_threads(2)
+        got = cg.conv_forward(x, w, algorithm="blocked", **_kw(spec))
+    finally:
+        cg.set_num_threads(None)
+    chunks = [items for items, workers in seen
+              if items and all(isinstance(c, tuple) for c in items) and items[0][0] == 0 and items[-1][1] == rows]
+    assert chunks, seen
+    cuts = chunks[-1]
+    assert cuts == thin.guided_chunks(rows, 2) and len(cuts) > 2
+    assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:])) and cuts[-1][1] - cuts[-1][0] == 1
+    assert rel_err(got, ref.conv_forward(spec, x.astype(np.float64), w.astype(np.float64))) <= 1e-5
+
+
+@needs_blocked
 def test_blocked_against_pytorch(rules_of_a_512_bit_host):
     """PyTorch's CPU convolution (an independent implementation) on layers where the
     automatic choice is ``blocked``: ResNet 3x3, a strided 3x3, a 5x5, a 3-D layer."""
