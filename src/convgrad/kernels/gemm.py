@@ -116,11 +116,11 @@ MIN_BLOCKS = 4
 # change (res3a_branch1). Odd batches kept finer blocks, (2, 2, 2, 2, 1) for mb9 and
 # (4, 4, 4, 4, 3) for mb19, until two blocks of 5 + 4 and 10 + 9 measured faster (paired
 # medians of 16 rounds in one process, two blocks with ``_in_order``'s pulled blocks
-# against the finer blocks handed out by the caller): resnet_50 res2a_branch1 0.93, res4a_branch2c 0.89, res4b_branch2a
-# 0.85, res4a_branch2a 0.92, res3a_branch2a 0.85; mobilenet conv3 0.83, conv4 0.88,
-# conv7 0.86, conv8 0.90. The finer blocks balance no better (mb9: 5 images on one
-# thread, 4 on the other either way; mb19: 11 and 8 against 10 and 9) and cost a partial
-# sum, a hand-off and a shorter reduction each.
+# against the finer blocks handed out by the caller): resnet_50 res2a_branch1 0.93,
+# res4a_branch2c 0.89, res4b_branch2a 0.85, res4a_branch2a 0.92, res3a_branch2a 0.85;
+# mobilenet conv3 0.83, conv4 0.88, conv7 0.86, conv8 0.90. The finer blocks balance no
+# better (mb9: 5 images on one thread, 4 on the other either way; mb19: 11 and 8 against
+# 10 and 9) and cost a partial sum, a hand-off and a shorter reduction each.
 MIN_BLOCKS_WEIGHTS = 2
 MIN_BLOCK_ROWS = 512
 # A weights gradient split over output channels keeps at least this many per chunk.
