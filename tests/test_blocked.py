@@ -399,7 +399,7 @@ def test_blocked_rows_in_guided_chunks(monkeypatch):
     """The forward loop's rows (forwards and flipped data gradients) go to the threads in
     guided chunks, large first and single rows last, covering every row once in order, so
     a slower thread takes fewer of them; the result equals the reference."""
-    from convgrad.kernels import thin
+    from convgrad.kernels import gemm
     monkeypatch.setattr(blocked, "PARALLEL_MACS", 0)
     seen = []
     real = blocked.run_each
@@ -421,7 +421,7 @@ def test_blocked_rows_in_guided_chunks(monkeypatch):
               if items and all(isinstance(c, tuple) for c in items) and items[0][0] == 0 and items[-1][1] == rows]
     assert chunks, seen
     cuts = chunks[-1]
-    assert cuts == thin.guided_chunks(rows, 2) and len(cuts) > 2
+    assert cuts == gemm.guided_chunks(rows, 2) and len(cuts) > 2
     assert all(a[1] == b[0] for a, b in zip(cuts, cuts[1:])) and cuts[-1][1] - cuts[-1][0] == 1
     assert rel_err(got, ref.conv_forward(spec, x.astype(np.float64), w.astype(np.float64))) <= 1e-5
 

@@ -15,7 +15,7 @@ import pytest
 import convgrad as cg
 from convgrad import dispatch
 from convgrad.kernels import reference as ref
-from convgrad.kernels import thin
+from convgrad.kernels import gemm, thin
 from convgrad.spec import make_spec
 
 from .helpers import Tally, feasible, rel_err
@@ -126,7 +126,7 @@ def test_guided_chunks_cover_the_items_in_order(items, workers):
     """Chunks tile ``range(items)`` contiguously and in order; one chunk for one worker;
     with more workers the sizes never grow, the first holds its guided share of the
     items and the last one item."""
-    chunks = thin.guided_chunks(items, workers)
+    chunks = gemm.guided_chunks(items, workers)
     assert [i for a, b in chunks for i in range(a, b)] == list(range(items))
     assert all(b > a for a, b in chunks)
     if workers == 1 or items == 0:
@@ -134,7 +134,7 @@ def test_guided_chunks_cover_the_items_in_order(items, workers):
         return
     sizes = [b - a for a, b in chunks]
     assert sizes == sorted(sizes, reverse=True)
-    assert sizes[0] == -(-items // (thin.GUIDED_SHARE * workers)) and sizes[-1] == 1
+    assert sizes[0] == -(-items // (gemm.GUIDED_SHARE * workers)) and sizes[-1] == 1
 
 
 @needs_numba

@@ -78,8 +78,7 @@ from .. import threads
 from ..errors import WorkspaceError
 from ..spec import ConvSpec
 from . import _ukernel, depthwise
-from .gemm import _scratch, flipped_spec, pointwise_spec, run_each
-from .thin import guided_chunks
+from .gemm import _scratch, flipped_spec, guided_chunks, pointwise_spec, run_each
 
 # Bytes of one block of weights (taps x a chunk of input channels x 64 output channels)
 # that the forward keeps in the L2 cache while the rows stream past it. The input channels
@@ -357,7 +356,7 @@ def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspac
                          c.address, rlim, lanes, obw, cb)
         jit.from_channels_last(ycl, y, b[0], b[1], g, og, ogp, c.transpose_address, c.lanes)
 
-    # Rows in guided chunks (``thin.guided_chunks``: large first, single rows last), taken by
+    # Rows in guided chunks (``gemm.guided_chunks``: large first, single rows last), taken by
     # whichever thread is free, not one half each: this VM's second vCPU often runs slower,
     # and one timeline showed the two halves of a data gradient taking 6.1 and 9.0 ms.
     # Disjoint rows, so no bit changes. Paired medians guided / halves (20-24 rounds in one

@@ -56,7 +56,7 @@ from .. import threads
 from ..errors import WorkspaceError
 from ..spec import ConvSpec
 from . import depthwise
-from .gemm import flipped_spec, run_each
+from .gemm import flipped_spec, guided_chunks, run_each
 
 # Bytes of one tile's input buffer (every input channel of a group, ``tile + halo`` cells
 # each) that the tile size aims at. The buffer is re-read once per register tile of output
@@ -83,15 +83,6 @@ MAX_TILE = 4096
 CHUNK_BYTES = 256 * 1024
 # Below this many multiply-adds a call runs on the calling thread alone (as depthwise.py).
 PARALLEL_MACS = 3 << 19      # 1.5M: depthwise.py's AMD-VM threshold, kept (these loops run larger problems)
-# Pool chunks are guided: each takes 1 / (GUIDED_SHARE * workers) of the items still left
-# (``guided_chunks``). Equal chunks (4 per worker) let one thread idle for up to a chunk at
-# the end, an eighth of the call: in one process, the two plans alternating (16-20 rounds
-# of a 0.05 s pause, a warm-up and 3 calls, 2 threads), paired median ratios guided /
-# equal: grouped 8 x 16 channels 3x3 165^2 data gradient 0.87 / 0.96 / 0.93 / 0.92 (four
-# sessions; CPU seconds per wall second 1.85 -> 1.90-1.95), forward 0.91; 3-D 3 -> 32
-# channels 54x61x61 data gradient 0.95; wavenet 32 channels k2 data gradient 1.00 (mb2),
-# 0.95 (mb8), 0.98 (mb256); weight gradients 0.99-1.03 (their few items change little).
-GUIDED_SHARE = 2
 # Stride-phase copies (``phase_spec``) of at least this many input cells run on the pool.
 PHASE_PARALLEL_CELLS = 1 << 18
 
@@ -225,21 +216,6 @@ def _plan(fspec: ConvSpec, items: int, fixed: int, per_thread: int, workspace_li
     workers = 1 if macs < PARALLEL_MACS else max(1, min(items, threads.get_num_threads()))
     workers = max(1, min(workers, (workspace_limit - fixed) // per_thread))
     return guided_chunks(items, workers), workers
-
-
-def guided_chunks(items: int, workers: int) -> list[tuple[int, int]]:
-    """Chunks ``[i0, i1)`` that cover ``range(items)`` in order (pure): one for one worker;
-    else each holds ``ceil(left / (GUIDED_SHARE * workers))`` of the items still left, so
-    the first are large (few hand-offs between threads) and the last are single items
-    (threads that take the next chunk when free finish about one item apart)."""
-    if workers <= 1:
-        return [(0, items)] if items > 0 else []
-    chunks, i = [], 0
-    while i < items:
-        n = -(-(items - i) // (GUIDED_SHARE * workers))
-        chunks.append((i, i + n))
-        i += n
-    return chunks
 
 
 def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, *, dtype, workspace_limit: int, fixed: int,
