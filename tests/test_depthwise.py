@@ -276,16 +276,13 @@ def test_direct_inputs_not_modified(variant):
 
 def test_direct_keyword_errors(monkeypatch):
     rng = np.random.default_rng(10)
-    # dense and strided: neither the depthwise nor the thin-channel kernel (stride 1) runs it
-    dense = make_spec("t", mb=1, ic=4, oc=6, groups=2, src=(6, 5), kernel=(3, 2), strides=(2, 1), dilations=1,
-                      pads_begin=0, pads_end=0)
-    x, w, dy = _inputs(dense, rng, np.float32)
-    with pytest.raises(cg.ConvValueError, match=r"conv_forward: algorithm 'direct' expects a depthwise problem"):
-        cg.conv_forward(x, w, **_kw(dense), algorithm="direct")
-    # strided data gradients run on stride phases, but not dilated ones
+    # dense, strided and dilated: neither the depthwise nor the thin-channel kernel (stride
+    # 1, or stride phases without dilation) runs it, in any direction
     dilated = make_spec("t", mb=1, ic=4, oc=6, groups=2, src=(7, 5), kernel=(3, 2), strides=(2, 1),
                         dilations=(1, 2), pads_begin=0, pads_end=0)
     x, w, dy = _inputs(dilated, rng, np.float32)
+    with pytest.raises(cg.ConvValueError, match=r"conv_forward: algorithm 'direct' expects a depthwise problem"):
+        cg.conv_forward(x, w, **_kw(dilated), algorithm="direct")
     with pytest.raises(cg.ConvValueError, match=r"conv_backward_data: algorithm 'direct' expects a depthwise"):
         cg.conv_backward_data(dy, w, dilated.src, **_kw(dilated), algorithm="direct")
     spec = _spec(1, 3, 2, (6, 5), (3, 2), (1, 1), (1, 1), (0, 0), (0, 0))

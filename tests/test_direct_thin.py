@@ -265,13 +265,11 @@ def test_thin_weight_gradient_cap():
 def test_thin_keyword_errors(monkeypatch):
     """``direct`` refuses what neither of its kernels runs, naming the problem."""
     rng = np.random.default_rng(10)
-    strided = make_spec("t", mb=1, ic=4, oc=6, groups=2, src=(7, 5), kernel=(3, 2), strides=(2, 1))
-    x, w, dy = _inputs(strided, rng, np.float32)
-    with pytest.raises(cg.ConvValueError, match=r"conv_forward: algorithm 'direct' expects a depthwise problem"
-                                                r".*strides \[2, 1\]"):
-        cg.conv_forward(x, w, strides=(2, 1), groups=2, algorithm="direct")
     dilated = make_spec("t", mb=1, ic=4, oc=6, groups=2, src=(7, 5), kernel=(3, 2), strides=(2, 1), dilations=(1, 2))
     x, w, dy = _inputs(dilated, rng, np.float32)
+    with pytest.raises(cg.ConvValueError, match=r"conv_forward: algorithm 'direct' expects a depthwise problem"
+                                                r".*strides \[2, 1\]"):
+        cg.conv_forward(x, w, strides=(2, 1), dilations=(1, 2), groups=2, algorithm="direct")
     with pytest.raises(cg.ConvValueError, match=r"conv_backward_weights: algorithm 'direct' expects a depthwise "
                                                 r"problem .*strides \[2, 1\].* for bwd_weights"):
         cg.conv_backward_weights(x, dy, dilated.kernel, strides=(2, 1), dilations=(1, 2), groups=2,
@@ -410,20 +408,22 @@ def _strided_cases():
 
 @needs_numba
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_strided_gradients_on_phases_match_reference(dtype):
+def test_strided_problems_on_phases_match_reference(dtype):
     rng = np.random.default_rng(42)
     remainders = set()
     for spec in _strided_cases():
-        assert thin.phase_spec(spec) is not None and thin.eligible(spec, "bwd_data")
-        assert not thin.eligible(spec, "fwd")
+        assert thin.phase_spec(spec) is not None
+        assert all(thin.eligible(spec, d) for d in ("fwd", "bwd_data", "bwd_weights"))
         remainders.update((a + b + c - k) % s for a, b, c, k, s in
                           zip(spec.src, spec.pads_begin, spec.pads_end, spec.kernel, spec.strides))
         x, w, dy = _inputs(spec, rng, dtype)
         snap = [a.copy() for a in (x, w, dy)]
         x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+        got_f = cg.conv_forward(x, w, **_kw(spec), algorithm="direct")
         got_d = cg.conv_backward_data(dy, w, spec.src, **_kw(spec), algorithm="direct")
         got_w = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="direct")
-        for name, got, want in (("bwd_data", got_d, ref.conv_backward_data(spec, dy64, w64)),
+        for name, got, want in (("fwd", got_f, ref.conv_forward(spec, x64, w64)),
+                                ("bwd_data", got_d, ref.conv_backward_data(spec, dy64, w64)),
                                 ("bwd_weights", got_w, ref.conv_backward_weights(spec, x64, dy64))):
             assert got.dtype == dtype and got.shape == want.shape, (name, str(spec))
             err = rel_err(got, want)
@@ -453,9 +453,10 @@ def test_phase_weight_gradient_sums_only_the_live_terms():
 
 
 @needs_numba
-def test_strided_gradients_bitwise_across_threads_and_non_finite_fall_back():
+def test_strided_problems_bitwise_across_threads_and_non_finite_fall_back():
     """Thread counts change no bit; an inf that only a zero tap of the phase kernel meets
-    would make NaN there, so such inputs get im2col's result (same NaN pattern)."""
+    would make NaN there, so such inputs get im2col's result (same NaN pattern). The
+    forward sums only the real taps, so its non-finite results fall where im2col's do."""
     spec = make_spec("t", mb=2, ic=3, oc=4, groups=1, src=(11, 9), kernel=(3, 2), strides=(2, 3),
                      dilations=1, pads_begin=(1, 0), pads_end=(0, 1))
     rng = np.random.default_rng(43)
@@ -465,10 +466,22 @@ def test_strided_gradients_bitwise_across_threads_and_non_finite_fall_back():
         cg.set_num_threads(n)
         try:
             runs.append((cg.conv_backward_data(dy, w, spec.src, **_kw(spec), algorithm="direct"),
-                         cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="direct")))
+                         cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="direct"),
+                         cg.conv_forward(x, w, **_kw(spec), algorithm="direct")))
         finally:
             cg.set_num_threads(None)
     assert all(np.array_equal(a, b) for a, b in zip(*runs))
+    # forward: an inf in an input cell that outputs read (row 9: windows of output rows 4
+    # and, through the zero tap of phase 1's second row, none other), and a -inf in the
+    # cell one column over read by the same output: inf, NaN and finite cells as im2col's
+    xf = x.copy()
+    xf[1, 0, 9, 3] = np.inf
+    xf[1, 2, 9, 4] = -np.inf
+    want = cg.conv_forward(xf, w, **_kw(spec), algorithm="im2col")
+    got = cg.conv_forward(xf, w, **_kw(spec), algorithm="direct")
+    assert not np.isfinite(want).all()
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.array_equal(np.isinf(got), np.isinf(want))
+    assert np.array_equal(np.isfinite(got), np.isfinite(want))
     # padded row 11 (input row 10) lies past every window (the last reads rows 8-10): an
     # input cell no output reads. The phase copy writes zero there (only a zero tap would
     # meet it), so an inf in it changes no bit of the weight gradient
@@ -495,16 +508,15 @@ def test_strided_gradients_bitwise_across_threads_and_non_finite_fall_back():
 
 @needs_numba
 def test_strided_first_layers_dispatch_to_phases(without_blocked):
-    """Both gradients of strided first layers (few inputs) run on phases; the forward and
-    wider layers keep the GEMMs."""
+    """Strided first layers (few inputs) run on phases in every direction; wider layers
+    keep the GEMMs."""
     mobilenet = make_spec("t", mb=4, ic=3, oc=32, groups=1, src=(224, 224), kernel=(3, 3), strides=2,
                           pads_begin=1, pads_end=0)
     resnet = make_spec("t", mb=2, ic=3, oc=64, groups=1, src=(224, 224), kernel=(7, 7), strides=2,
                        pads_begin=3, pads_end=2)
     for spec in (mobilenet, resnet):
-        for d in ("bwd_data", "bwd_weights"):
+        for d in dispatch.DIRECTIONS:
             assert cg.choose_algorithm(spec, d) == "direct", (str(spec), d)
-        assert cg.choose_algorithm(spec, "fwd") in ("taps", "im2col")
     wide = make_spec("t", mb=2, ic=64, oc=128, groups=1, src=(56, 56), kernel=(3, 3), strides=2,
                      pads_begin=1, pads_end=0)
     dilated = make_spec("t", mb=2, ic=3, oc=32, groups=1, src=(56, 56), kernel=(3, 3), strides=2,

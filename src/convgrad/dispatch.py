@@ -287,14 +287,20 @@ THIN_BWD_WEIGHTS_FEW_INPUTS = 8
 # (The AVX2 machine had measured 32 -> 64 ch 0.82, still on the GEMMs.)
 THIN_3D_BWD_WEIGHTS_MAX_CHANNELS = 32
 # Strided first layers (dilation 1, at most THIN_BWD_WEIGHTS_FEW_INPUTS input channels and
-# THIN_STRIDED_MAX_OUTPUTS outputs per group, 1-D/2-D): both gradients run as stride-1
-# problems on stride-phase channels (``thin.phase_spec``). The GEMMs there have a
+# THIN_STRIDED_MAX_OUTPUTS outputs per group, 1-D/2-D): every direction runs as a stride-1
+# problem on stride-phase channels (``thin.phase_spec``). The GEMMs there have a
 # 27-147-long reduction over few channels, the loops a dense grid. Measured on the
 # AVX-512 host (2 threads, ms, im2col / phases, whole public call): mobilenet conv1
 # (3 -> 32, 3x3 stride 2, 224^2, mb 32) bwd_data 42-48 / 22-25, bwd_weights 24 / 15-16;
 # resnet_50 conv1 (3 -> 64, 7x7 stride 2, mb 4) bwd_data 15-16 / 10-12, bwd_weights 10-12 /
-# 8.5-8.9. The forward would gain little (the stride-1 loop alone on the phase arrays:
-# mobilenet 20 ms + 2 for the copy against 26, resnet 7.7 against 7.7), so it keeps the GEMMs.
+# 8.5-8.9. The forward there, on a copied phase array and summing the zero taps too:
+# mobilenet 20 ms + 2 for the copy against 26, resnet 7.7 against 7.7. Reading the phase
+# cells from the input and summing only the real taps (147 of 192 terms for resnet's 7x7,
+# 27 of 48 for 3x3), on the AVX2 machine (paired medians phases / im2col, the two
+# alternating in one process, 10 rounds): resnet conv1 0.76-0.78 (2 threads; 12.4-13.7 ms
+# against 16.2-17.7), 0.65 (1 thread); mobilenet conv1 0.68-0.72 (2; 24.7-25.5 against
+# 35.4-36.1), 0.82 (1); 8 -> 48 ch 5x5 stride 2 64^2 mb8 0.88; 3 -> 16 ch 3x3 stride 2
+# 64^2 mb16 0.81; 1-D 2 -> 32 ch k8 stride 4 16000 mb8 0.72.
 THIN_STRIDED_MAX_OUTPUTS = 64
 
 
@@ -544,7 +550,7 @@ def check_direct(op: str, spec: ConvSpec, direction: str | None = None) -> None:
             raise ConvValueError(
                 f"{op}: algorithm 'direct' expects a depthwise problem (C_IN / groups = 1, 1 to 3 spatial axes), "
                 f"or stride 1 on 1 to 3 spatial axes (for bwd_data also pads at most (K - 1) * dilation), "
-                f"or, for bwd_data and bwd_weights, any stride with dilation 1 and a non-empty output, "
+                f"or any stride with dilation 1 and a non-empty output, "
                 f"but got C_IN {spec.ic}, groups {spec.groups} ({spec.icg} channels per group), "
                 f"{spec.nsp} spatial axes, strides {list(spec.strides)}, pads_begin {list(spec.pads_begin)}, "
                 f"pads_end {list(spec.pads_end)}" + (f" for {direction}" if direction else ""))

@@ -245,10 +245,15 @@ def _offsets(cg, geo, q1, q2, width, n_pad, live):
 
 
 @njit(nogil=True, cache=True)
-def forward(x, w, y, geo, i0, i1):
+def forward(x, w, y, geo, i0, i1, live, pgeo):
     """Items ``[i0, i1)`` of the flat list ``g*tiles + tile``; tiles cut the flat padded
     grids of all images, one after the other (a tile may span images: taps of real
-    outputs never leave their image, and the cells they do leave are dropped)."""
+    outputs never leave their image, and the cells they do leave are dropped).
+
+    ``live`` lists the terms ``c*T + k`` that are summed (sorted; ``w``'s last axis holds
+    their weights in that order). With ``pgeo`` (``_fill_phases``; empty otherwise) the
+    problem is a phase problem, ``x`` the strided problem's own input and ``live`` its
+    ``thin._live_terms``: the tiles read their phase cells from ``x``, no phase array."""
     n_img = x.shape[0]
     outs0, outs1, outs2 = y.shape[2], y.shape[3], y.shape[4]
     p0, p1, p2 = geo[3], geo[4], geo[5]
@@ -256,12 +261,16 @@ def forward(x, w, y, geo, i0, i1):
     cch = geo[10]                    # input channels per chunk
     n_groups = w.shape[0]
     ocg = w.shape[1]
-    cg = x.shape[1] // n_groups
+    phases = pgeo.shape[0] > 0
+    cg = x.shape[1] * (pgeo[0] * pgeo[1] * pgeo[2] if phases else 1) // n_groups
     n_taps = geo[7] * geo[8] * geo[9]
     q0, q1, q2, max_off, span = _grid(n_img, outs0, outs1, outs2, geo)
     n_tiles = (span + tile - 1) // tile
     width = tile + max_off
-    offs = _offsets(cg, geo, q1, q2, width, cg * n_taps, np.arange(cg * n_taps))
+    offs = _offsets(cg, geo, q1, q2, width, live.shape[0], live)
+    # first_u[c]: the index in ``live`` of channel c's first term (a chunk of channels
+    # [c0, c1) sums the terms [first_u[c0], first_u[c1]))
+    first_u = np.searchsorted(live // n_taps, np.arange(cg + 1))
     # register tiles run to a multiple of R positions: the cells past a tile's last input
     # are read (they hold zeros or older inputs) and the outputs they make are dropped
     buf = np.zeros(cg * width, x.dtype)
@@ -284,7 +293,10 @@ def forward(x, w, y, geo, i0, i1):
         lo = ti * tile
         cnt = min(tile, span - lo)
         n = lo // img
-        _fill(x, g * cg, cg, buf, width, lo, lo + cnt + max_off, q0, q1, q2, p0, p1, p2)
+        if phases:
+            _fill_phases(x, pgeo, g * cg, cg, buf, width, lo, lo + cnt + max_off, q0, q1, q2)
+        else:
+            _fill(x, g * cg, cg, buf, width, lo, lo + cnt + max_off, q0, q1, q2, p0, p1, p2)
         direct = rows and lo + tile <= n * img + outs2
         out = y2 if direct else acc
         row = n * y.shape[1] + g * ocg if direct else 0
@@ -293,7 +305,7 @@ def forward(x, w, y, geo, i0, i1):
         # input channels in chunks of ``cch`` (a chunk's rows of the buffer stay in L2
         # while every output channel reads them); the sums run on in ``out``
         for c0 in range(0, cg, cch):
-            u0, u1 = c0 * n_taps, min(cg, c0 + cch) * n_taps
+            u0, u1 = first_u[c0], first_u[min(cg, c0 + cch)]
             for o in range(0, full, OB):
                 _block(out, row, col, cnt, buf, wg, o, offs, u0, u1, c0 == 0)
             for o in range(full, ocg, 2):

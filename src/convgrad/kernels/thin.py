@@ -12,17 +12,18 @@ tiles of consecutive positions of the images' padded grids, computed in register
 The data gradient with stride 1 is the same forward loop: ``dsrc = conv(diff_dst, W')``
 with ``W'[g, c, o, j] = W[g, o, c, K-1-j]`` (the kernel flipped on every axis, input and
 output channels swapped per group) and pads ``(K-1)*d - p`` (``gemm.flipped_spec``, derived
-there). The forward needs stride 1 (and the data gradient, pads at most ``(K-1)*d``).
+there). The data gradient needs pads at most ``(K-1)*d`` here.
 
-Strided problems (dilation 1): both gradients run as stride-1 problems on stride-phase
+Strided problems (dilation 1): every direction runs as a stride-1 problem on stride-phase
 channels (``phase_spec``, derived there): the input (or its gradient) is split into
 ``prod(strides)`` phase grids per channel, the kernel into the taps of each phase (zero
-where a phase has fewer). The weight gradient's tiles read their phase cells straight from
-the input (``_fill_phases`` in ``_thin_jit.py``) and sum only the terms whose tap lies in
-the kernel (``_live_terms``); the data gradient's phase grids are copied back
+where a phase has fewer). The forward's and the weight gradient's tiles read their phase
+cells straight from the input (``_fill_phases`` in ``_thin_jit.py``) and sum only the
+terms whose tap lies in the kernel (``_live_terms``): each forward output sums exactly the
+products of the direct formula. The data gradient's phase grids are copied back
 (``phase_merge``). Cells that no real tap reads are zero in the phase input, so what lies
-in input cells no output reads never enters a sum; a non-finite value met anyway (an
-``inf`` times a zero tap) sends the call to ``im2col``.
+in input cells no output reads never enters a sum; a non-finite value met anyway by a
+gradient (an ``inf`` times a zero tap) sends the call to ``im2col``.
 
 The weight gradient with stride 1 walks the same flat grids the other way: for every
 (output channel, term ``(c, k)``) pair, a sum over positions of diff_dst (zero in the wide
@@ -105,11 +106,11 @@ def eligible(spec: ConvSpec, direction: str) -> bool:
     """Problems the kernel runs: 1-3 spatial axes, more than one input channel per group
     (one is ``depthwise.py``'s); with stride 1 every direction (bwd_data with pads at most
     ``(K-1)*d``, so that it is a forward convolution of ``diff_dst``); with larger strides
-    and dilation 1 the two gradients, on stride-phase channels (``phase_spec``)."""
+    and dilation 1 every direction too, on stride-phase channels (``phase_spec``)."""
     if not (1 <= spec.nsp <= 3 and spec.icg > 1):
         return False
     if any(s != 1 for s in spec.strides):
-        return direction in ("bwd_data", "bwd_weights") and phase_spec(spec) is not None
+        return phase_spec(spec) is not None
     if direction in ("fwd", "bwd_weights"):
         return True
     return direction == "bwd_data" and flipped_spec(spec) is not None
@@ -193,6 +194,9 @@ def fits(spec: ConvSpec, direction: str, dtype, workspace_limit: int) -> bool:
         partials = (len(_bw_cuts(ws)) - 1) * math.prod(ws.weights_shape) * 8
         data = (math.prod(spec.src_shape) + math.prod(spec.dst_shape)) * item
         return _bw_scratch(ws, item) + data + partials <= workspace_limit
+    if pspec is not None and direction == "fwd":    # reads ``src`` in place; the phase weights
+        return (_scratch(pspec, item) + math.prod(pspec.weights_shape) * item * 2
+                + math.prod(spec.src_shape) * item <= workspace_limit)
     if pspec is not None:               # plus the phase arrays (the data gradient's, weights)
         extra = (math.prod(pspec.src_shape) + math.prod(pspec.weights_shape)) * item
         return extra + math.prod(spec.src_shape) * item <= workspace_limit and fits(
@@ -219,20 +223,28 @@ def _plan(fspec: ConvSpec, items: int, fixed: int, per_thread: int, workspace_li
 
 
 def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, *, dtype, workspace_limit: int, fixed: int,
-             direction: str) -> np.ndarray:
+             direction: str, phases_of: ConvSpec | None = None) -> np.ndarray:
     """The forward loop on canonical ``x`` (N, C, *spatial) and ``w`` (G*Og, Cg, *kernel),
-    both already C-contiguous in ``dtype``; ``fixed`` bytes of workspace are already held."""
+    both already C-contiguous in ``dtype``; ``fixed`` bytes of workspace are already held.
+    With ``phases_of``, ``fspec`` is that strided problem's ``phase_spec``, ``x`` its own
+    input and ``w`` the phase weights: only the live terms are summed (``_live_terms``)."""
     jit = _jit()
     pad = 3 - fspec.nsp
-    x3 = x.reshape((fspec.mb, fspec.ic) + (1,) * pad + fspec.src)
+    xspec = fspec if phases_of is None else phases_of
+    x3 = x.reshape((xspec.mb, xspec.ic) + (1,) * pad + xspec.src)
     y = np.empty((fspec.mb, fspec.oc) + (1,) * pad + fspec.dst, dtype=dtype)
     w3 = w.reshape(fspec.groups, fspec.ocg, fspec.icg * math.prod(fspec.kernel))
+    if phases_of is None:
+        live, pgeo = np.arange(w3.shape[2], dtype=np.int64), np.zeros(0, dtype=np.int64)
+    else:
+        live, pgeo = _live_terms(phases_of, fspec), _phase_geo(phases_of)
+        w3 = np.ascontiguousarray(w3[:, :, live])
     tile, _ = _tile(fspec, dtype.itemsize)
     geo = np.array((1,) * pad + fspec.dilations + (0,) * pad + fspec.pads_begin + (tile,)
                    + (1,) * pad + fspec.kernel + (_chunk_channels(fspec, dtype.itemsize),), dtype=np.int64)
     items = fspec.groups * -(-_span(fspec) // tile)
     blocks, workers = _plan(fspec, items, fixed, _scratch(fspec, dtype.itemsize), workspace_limit, direction)
-    run_each(lambda b: jit.forward(x3, w3, y, geo, b[0], b[1]), blocks, workers)
+    run_each(lambda b: jit.forward(x3, w3, y, geo, b[0], b[1], live, pgeo), blocks, workers)
     return y.reshape(fspec.dst_shape)
 
 
@@ -253,6 +265,17 @@ def _check_conversion(spec: ConvSpec, direction: str, held: int, workspace_limit
 
 def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype, workspace_limit: int) -> np.ndarray:
     dtype = np.dtype(dtype)
+    pspec = phase_spec(spec)
+    if pspec is not None:
+        # A strided forward is the stride-1 forward of its phase problem; its tiles read
+        # their phase cells from ``src`` and sum only the real taps (``_live_terms``: every
+        # product is one of the direct sum's, so no zero tap meets an infinity).
+        w = _phase_weights(spec, pspec, weights, dtype)
+        held = w.nbytes + _converted(src.shape, src.dtype, src.flags.c_contiguous, dtype)
+        _check_conversion(spec, "fwd", held, workspace_limit)
+        x, _ = _contiguous(src, dtype)
+        return _forward(pspec, x, w, dtype=dtype, workspace_limit=workspace_limit, fixed=held, direction="fwd",
+                        phases_of=spec)
     w, held_w = _contiguous(weights, dtype)
     held = held_w + _converted(src.shape, src.dtype, src.flags.c_contiguous, dtype)
     _check_conversion(spec, "fwd", held, workspace_limit)
