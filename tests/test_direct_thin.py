@@ -471,9 +471,9 @@ def test_strided_problems_bitwise_across_threads_and_non_finite_fall_back():
         finally:
             cg.set_num_threads(None)
     assert all(np.array_equal(a, b) for a, b in zip(*runs))
-    # forward: an inf in an input cell that outputs read (row 9: windows of output rows 4
-    # and, through the zero tap of phase 1's second row, none other), and a -inf in the
-    # cell one column over read by the same output: inf, NaN and finite cells as im2col's
+    # forward: an inf in an input cell that outputs read (row 9, padded row 10: output
+    # row 4's window only; column 3: output column 1's first tap) and a -inf in the next
+    # column (the same output's second tap): inf, NaN and finite cells as im2col's
     xf = x.copy()
     xf[1, 0, 9, 3] = np.inf
     xf[1, 2, 9, 4] = -np.inf

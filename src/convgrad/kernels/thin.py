@@ -271,7 +271,8 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
         # their phase cells from ``src`` and sum only the real taps (``_live_terms``: every
         # product is one of the direct sum's, so no zero tap meets an infinity).
         w = _phase_weights(spec, pspec, weights, dtype)
-        held = w.nbytes + _converted(src.shape, src.dtype, src.flags.c_contiguous, dtype)
+        # the phase weights and their live columns (``_forward``), a converted input
+        held = 2 * w.nbytes + _converted(src.shape, src.dtype, src.flags.c_contiguous, dtype)
         _check_conversion(spec, "fwd", held, workspace_limit)
         x, _ = _contiguous(src, dtype)
         return _forward(pspec, x, w, dtype=dtype, workspace_limit=workspace_limit, fixed=held, direction="fwd",
