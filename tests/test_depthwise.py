@@ -222,10 +222,11 @@ def test_direct_pool_rule_is_remembered_per_threshold():
     assert dwk._macs_per_channel(spec) * spec.ic < dwk.PARALLEL_MACS
     limit = 1 << 30
     for direction in dispatch.DIRECTIONS:
-        assert dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 2, dwk.PARALLEL_MACS)[1] == 1
-        blocks, workers = dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 2, 0)
+        cells = dwk.PARALLEL_CELLS
+        assert dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 2, dwk.PARALLEL_MACS, cells)[1] == 1
+        blocks, workers = dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 2, 0, cells)
         assert workers == 2 and len(blocks) >= 2, direction
-        assert dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 1, 0)[1] == 1
+        assert dwk._plan_cached(spec, 0, 1024, limit, direction, 1, 1, 0, cells)[1] == 1
     old = dwk.PARALLEL_MACS
     try:
         cg.set_num_threads(2)
@@ -234,6 +235,33 @@ def test_direct_pool_rule_is_remembered_per_threshold():
         assert dwk._plan(spec, 0, 1024, limit, "fwd")[1] == 2
     finally:
         dwk.PARALLEL_MACS = old
+        cg.set_num_threads(None)
+
+
+def test_direct_pool_for_weight_gradients_that_stream_large_images():
+    """A weight gradient that reads and writes at least PARALLEL_CELLS cells of data runs on
+    the pool below the work threshold (both threads stream the cold images); the forward
+    and the data gradient of the same problem, a smaller image, channels-last blocks and a
+    single thread stay on the calling thread."""
+    big = _spec(1, 32, 1, (112, 112), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))     # mobilenet conv2_1/dw
+    small = _spec(1, 256, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))   # conv4_1/dw
+    macs, limit = dwk.PARALLEL_MACS, 1 << 30
+    for spec in (big, small):
+        assert (dwk._macs_per_channel(spec) + dwk.CHANNEL_MACS) * spec.ic < macs
+    cells = 32 * 112 * 112 * 2
+    assert cells >= dwk.PARALLEL_CELLS > 256 * 28 * 28 * 2
+    blocks, workers = dwk._plan_cached(big, 0, 1024, limit, "bwd_weights", 1, 2, macs, cells)
+    assert workers == 2 and len(blocks) >= 2
+    assert dwk._plan_cached(big, 0, 1024, limit, "bwd_weights", 1, 2, macs, cells + 1)[1] == 1
+    assert dwk._plan_cached(big, 0, 1024, limit, "bwd_weights", 1, 1, macs, cells)[1] == 1
+    assert dwk._plan_cached(big, 0, 1024, limit, "bwd_weights", dwk.CB_CHANNELS, 2, macs, cells)[1] == 1
+    for direction in ("fwd", "bwd_data"):
+        assert dwk._plan_cached(big, 0, 1024, limit, direction, 1, 2, macs, cells)[1] == 1
+    try:
+        cg.set_num_threads(2)
+        assert dwk._plan(big, 0, 1024, limit, "bwd_weights")[1] == 2
+        assert dwk._plan(small, 0, 1024, limit, "bwd_weights")[1] == 1
+    finally:
         cg.set_num_threads(None)
 
 

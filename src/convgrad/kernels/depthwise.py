@@ -49,6 +49,21 @@ from .gemm import geometry, run_each
 # paid from 1.5-2M (0.02-0.04 ms at 3.6M), so the threshold sits between the two.
 PARALLEL_MACS = 4_300_000
 CHANNEL_MACS = 1500
+# A weight gradient (phase grids) that reads and writes at least PARALLEL_CELLS cells of
+# src and diff_dst uses the pool below the work threshold too: such a call streams images
+# that a training step does not find in the cache, and two threads stream them faster.
+# Measured on the AMD VM in the benchmark's conditions (a 0.2 s pause and 64 MB of other
+# traffic before a warm-up and 3 timed calls; medians, pool / one thread, two sessions of
+# 24-30 rounds): mobilenet conv2_1/dw (32 x 112^2, 0.8M cells) 0.78 / 0.91, conv2_2/dw
+# (64 x 112^2 stride 2, 1.0M) 0.74 / 0.78, conv3_1/dw (128 x 56^2, 0.8M) 0.80 / 0.97,
+# conv3_2/dw (0.5M) 0.91 / 0.92, conv4_1/dw (0.4M) 0.92 / 0.98, conv4_2/dw (0.25M) 1.15;
+# in alternating benchmark runs conv4_1/dw's time rose (0.46-0.48 -> 0.51-0.53 ms), so the
+# line sits above it. Forwards and data gradients gained nothing (0.88-1.25: they write a
+# fresh result, which the pool does not speed up) and keep the work threshold alone.
+# Back to back (warm caches, medians of 200 calls, ms, pool / one thread): conv2_1/dw
+# 0.37 / 0.37, conv2_2/dw 0.42 / 0.43, conv3_1/dw 0.46 / 0.58; an earlier trial of the
+# same rule on warm caches had measured mixed medians (below) and was dropped then.
+PARALLEL_CELLS = 1 << 19
 # Per loop nest and direction, the multiple of PARALLEL_MACS from which a call uses the
 # pool. The channels-last forward and data gradient run about 3x more multiply-adds per
 # second than the phase grids on small images, so a pool thread pays off only on twice as
@@ -141,19 +156,22 @@ def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_li
     demands less.
     """
     return _plan_cached(spec, per_channel_bytes, fixed_bytes, workspace_limit, direction, unit,
-                        threads.get_num_threads(), PARALLEL_MACS)
+                        threads.get_num_threads(), PARALLEL_MACS, PARALLEL_CELLS)
 
 
 @functools.lru_cache(maxsize=256)
 def _plan_cached(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_limit: int,
                  direction: str, unit: int, num_threads: int,
-                 parallel_macs: int) -> tuple[tuple[tuple[int, int], ...], int]:
+                 parallel_macs: int, parallel_cells: int) -> tuple[tuple[tuple[int, int], ...], int]:
     # remembered: a small call repeats its plan (the rules cost ~5 us of a 35 us call); the
     # threshold is an argument, so that a changed module constant is a new key
     c = spec.ic
     per_channel = _macs_per_channel(spec)
     serial = parallel_macs * PARALLEL_FACTOR[unit > 1][direction]
-    workers = 1 if (per_channel + CHANNEL_MACS) * c < serial else max(1, min(c, num_threads))
+    cells = spec.mb * (spec.ic * math.prod(spec.src) + spec.oc * math.prod(spec.dst))
+    pool = (per_channel + CHANNEL_MACS) * c >= serial or (
+        unit == 1 and direction == "bwd_weights" and cells >= parallel_cells)
+    workers = max(1, min(c, num_threads)) if pool else 1
     # one thread: one chunk (each chunk is a compiled call, about 10 us of argument unboxing)
     chunk = c if workers == 1 else min(-(-c // workers), max(-(-c // (workers * CHUNKS_PER_WORKER)),
                                                              -(-MIN_CHUNK_MACS // max(1, per_channel))))
