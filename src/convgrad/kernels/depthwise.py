@@ -60,6 +60,8 @@ CHANNEL_MACS = 1500
 # in alternating benchmark runs conv4_1/dw's time rose (0.46-0.48 -> 0.51-0.53 ms), so the
 # line sits above it. Forwards and data gradients gained nothing (0.88-1.25: they write a
 # fresh result, which the pool does not speed up) and keep the work threshold alone.
+# With the 0.1 s pause alone (images still in the cache) the pool measured 0.93 / 0.92 /
+# 1.17 on conv2_1 / conv2_2 / conv3_1/dw: it pays where the images come from memory.
 # Back to back (warm caches, medians of 200 calls, ms, pool / one thread): conv2_1/dw
 # 0.37 / 0.37, conv2_2/dw 0.42 / 0.43, conv3_1/dw 0.46 / 0.58; an earlier trial of the
 # same rule on warm caches had measured mixed medians (below) and was dropped then.
