@@ -58,8 +58,8 @@ CHANNEL_MACS = 1500
 # (64 x 112^2 stride 2, 1.0M) 0.74 / 0.78, conv3_1/dw (128 x 56^2, 0.8M) 0.80 / 0.97,
 # conv3_2/dw (0.5M) 0.91 / 0.92, conv4_1/dw (0.4M) 0.92 / 0.98, conv4_2/dw (0.25M) 1.15;
 # in alternating benchmark runs conv4_1/dw's time rose (0.46-0.48 -> 0.51-0.53 ms), so the
-# line sits above it. Forwards and data gradients gained nothing (0.88-1.25: they write a
-# fresh result, which the pool does not speed up) and keep the work threshold alone.
+# line sits above it. Forwards and data gradients gained nothing in the same conditions
+# (0.88-1.25) and keep the work threshold alone.
 # With the 0.1 s pause alone (images still in the cache) the pool measured 0.93 / 0.92 /
 # 1.17 on conv2_1 / conv2_2 / conv3_1/dw: it pays where the images come from memory.
 # Back to back (warm caches, medians of 200 calls, ms, pool / one thread): conv2_1/dw
