@@ -31,9 +31,10 @@ def _report(request):
 
 @pytest.fixture
 def rules_of_a_512_bit_host(monkeypatch):
-    """The automatic choice as on an AVX-512 host (where the rules were measured), on any
-    host that builds the kernel: the rules are tested, the kernels run at this host's width."""
+    """The automatic choice as on the Intel AVX-512 host (where the rules were measured), on
+    any host that builds the kernel: the rules are tested, the kernels run at this host's width."""
     monkeypatch.setattr(blocked, "vector_bits", lambda: 512)
+    monkeypatch.setattr(blocked, "host_cpu", lambda: "skylake-avx512")
     dispatch._blocked_pays.cache_clear()
     yield
     dispatch._blocked_pays.cache_clear()
@@ -538,6 +539,33 @@ def test_blocked_dispatch_rule_256_bit():
     assert dispatch.blocked_pays(resnet, "fwd", 512) and dispatch.blocked_pays(wavenet, "fwd", 512)
     with pytest.raises(cg.ConvValueError, match="vector_bits must be 256 or 512"):
         dispatch.blocked_pays(resnet, "fwd", 128)
+
+
+def test_blocked_dispatch_rule_amd_zen_avx512():
+    """On an AMD Zen with AVX-512 (LLVM ``znver*``) the 512-bit rules, less what lost there
+    to OpenBLAS: 1x1 weight gradients on the streamed channels-last path (stride 1, and
+    strided beyond 384 channels), strided 1x1 data gradients, multi-tap data gradients with
+    weights above 16x the activations (pure: no host needed)."""
+    def pays(spec, cpu="znver5"):
+        return [d for d in dispatch.DIRECTIONS if dispatch.blocked_pays(spec, d, 512, cpu)]
+
+    resnet = _spec(4, 64, 64, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    unet7 = _spec(1, 256, 256, 1, (7, 8, 8), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))   # 11x
+    heavy = _spec(1, 256, 512, 1, (6, 7, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))   # 28x
+    narrow_1x1 = _spec(38, 64, 64, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))          # dot kernel
+    wide_1x1 = _spec(9, 64, 256, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))            # streamed
+    r3a = _spec(19, 256, 128, 1, (56, 56), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))               # 384 channels
+    r3a_b1 = _spec(4, 256, 512, 1, (56, 56), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))             # 768
+    assert pays(resnet) == pays(resnet, "skylake-avx512") == list(dispatch.DIRECTIONS)
+    assert pays(unet7) == pays(unet7, "") == ["bwd_data", "bwd_weights"]       # the forward's limit is 4x
+    assert "bwd_data" in pays(heavy, "icelake-server") and "bwd_data" not in pays(heavy)
+    assert pays(narrow_1x1) == pays(narrow_1x1, "") == list(dispatch.DIRECTIONS)
+    assert "bwd_weights" in pays(wide_1x1, "") and "bwd_weights" not in pays(wide_1x1)
+    assert "fwd" in pays(wide_1x1) and "bwd_data" in pays(wide_1x1)
+    assert pays(r3a, "") == ["bwd_data", "bwd_weights"] and pays(r3a) == ["bwd_weights"]
+    assert pays(r3a_b1) == [] and "bwd_weights" in pays(r3a_b1, "")
+    assert pays(resnet, "znver3") == pays(resnet)                     # an AVX2 Zen runs 256-bit: its rules
+    assert [d for d in dispatch.DIRECTIONS if dispatch.blocked_pays(resnet, d, 256, "znver5")] == ["fwd", "bwd_data"]
 
 
 @needs_blocked

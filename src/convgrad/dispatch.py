@@ -411,26 +411,72 @@ BLOCKED_MIN_INTENSITY = {"fwd": 100, "bwd_data": 100, "bwd_weights": 16}
 BLOCKED_MAX_WEIGHT_RATIO = {"fwd": 4, "bwd_data": 30, "bwd_weights": 12}
 
 
-def blocked_pays(spec: ConvSpec, direction: str, vector_bits: int | None = None) -> bool:
+def blocked_pays(spec: ConvSpec, direction: str, vector_bits: int | None = None, cpu: str | None = None) -> bool:
     """Whether the automatic choice runs this float32 problem on ``blocked`` (pure), on
-    micro-kernels of ``vector_bits`` (512: AVX-512, 256: AVX2; default: this host's)."""
+    micro-kernels of ``vector_bits`` (512: AVX-512, 256: AVX2) built for the LLVM CPU
+    ``cpu``: an AMD Zen with AVX-512 (``znver*``) has its own rules, any other name the
+    generic ones. Both None: this host's width and CPU; ``vector_bits`` alone: the generic
+    rules of that width."""
     if direction not in DIRECTIONS:
         raise ConvValueError(f"blocked_pays: direction must be one of {DIRECTIONS}, but got {direction!r}")
-    if vector_bits is None:
+    if vector_bits is None and cpu is None:
         return _blocked_pays(spec, direction)
+    if vector_bits is None:
+        vector_bits = blocked.vector_bits()
     if vector_bits not in (256, 512):
         raise ConvValueError(f"blocked_pays: vector_bits must be 256 or 512, but got {vector_bits!r}")
-    return _blocked_rule(spec, direction) if vector_bits == 512 else _blocked_rule_256(spec, direction)
+    return _host_rule(spec, direction, vector_bits, cpu or "")
+
+
+def _host_rule(spec: ConvSpec, direction: str, vector_bits: int, cpu: str) -> bool:
+    if vector_bits == 256:
+        return _blocked_rule_256(spec, direction)
+    return _blocked_rule_zen(spec, direction) if cpu.startswith("znver") else _blocked_rule(spec, direction)
 
 
 @functools.lru_cache(maxsize=1024)
 def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
     # the host check last: it compiles the micro-kernels (~1-2 s) on its first call
-    wide, narrow = _blocked_rule(spec, direction), _blocked_rule_256(spec, direction)
-    if not (wide or narrow):
+    if not (_blocked_rule(spec, direction) or _blocked_rule_256(spec, direction)):
         return False
     bits = blocked.vector_bits()
-    return wide if bits >= 512 else narrow if bits == 256 else False
+    return _host_rule(spec, direction, bits, blocked.host_cpu()) if bits in (256, 512) else False
+
+
+# On AMD Zen hosts with AVX-512 (LLVM ``znver*``; measured on a Zen 5, family 26, where
+# OpenBLAS runs its SkylakeX kernels at 430 GFLOP/s on 2 threads) the 512-bit rules hold
+# for multi-tap kernels (2 threads, in-process, ms, blocked / best GEMM lowering: res2a-
+# res4a_branch2b 2.4 / 4.7, 2.2 / 3.7, 3.0 / 3.6 weight gradients, 2.4 / 3.3, 2.1 / 2.9,
+# 2.2 / 3.1 data gradients; 3d_unet conv_2 - conv_7 1.5-2.8 / 2.0-5.4), but OpenBLAS's
+# GEMMs win elsewhere. Median of 24 calls in the benchmark's conditions (a 0.1 s pause and
+# 64 MB of other traffic before each warm-up and 3 timed calls, the two alternating):
+#  - 1x1 weight gradients on the streamed channels-last path lose to ``taps``: 64 -> 256
+#    56^2 mb9 9.8 / 8.1, 128 -> 128 8.8 / 8.0, 128 -> 256 28^2 8.2 / 6.1, 256 -> 256 7.8 /
+#    4.5, 512 -> 128 11.5 / 8.4, 128 -> 512 8.5 / 7.7, 256 -> 64 9.6 / 8.8, 256 -> 512 14^2
+#    8.3 / 8.0, so only the NCX dot kernel stays (``blocked.pointwise_weights``, at most
+#    192 channels: 64 -> 64 mb38 11.0 / 14.5, 32 -> 64 112^2 11.7 / 14.0, 64 -> 128 8.7 /
+#    8.6); strided ones stream where they have at most BLOCKED_ZEN_STRIDED_WEIGHTS_MAX_CHANNELS
+#    input + output channels: res3a_branch2a (256 -> 128) 12.3 / 16.0, but res3a_branch1
+#    (256 -> 512) 9.5 / 7.8, res4a_branch2a (512 -> 256) 11.4 / 9.6;
+#  - strided 1x1 data gradients lose: res3a_branch2a 16.7 / 14.6, res3a_branch1 7.8 / 6.9;
+#  - data gradients with weights above BLOCKED_ZEN_MAX_WEIGHT_RATIO times the copied
+#    elements lose: 3d_unet conv_8 (ratio 28) 15.5 / 8.4 (im2col); conv_7 (11) wins 3.2 /
+#    5.4 and res5a_branch2b (12) ties 4.5 / 4.4 (back to back).
+BLOCKED_ZEN_STRIDED_WEIGHTS_MAX_CHANNELS = 384
+BLOCKED_ZEN_MAX_WEIGHT_RATIO = 16
+
+
+def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
+    if not _blocked_rule(spec, direction):
+        return False
+    if _prod(spec.kernel) == 1:
+        if blocked.strided_pointwise(spec) is not None:         # (the forward already loses)
+            return direction == "bwd_weights" and spec.icg + spec.ocg <= BLOCKED_ZEN_STRIDED_WEIGHTS_MAX_CHANNELS
+        return direction != "bwd_weights" or blocked.pointwise_weights(spec)
+    if direction == "bwd_data":
+        return _prod(spec.weights_shape) <= BLOCKED_ZEN_MAX_WEIGHT_RATIO * (
+            spec.mb * (spec.ic * _prod(spec.src) + spec.oc * _prod(spec.dst)))
+    return True
 
 
 # On AVX2 hosts (256-bit vectors, a 4 x 24 tile) ``blocked`` is chosen only where it was

@@ -425,6 +425,7 @@ class Compiled:
         import llvmlite.binding as llvm
         llvm.initialize_native_target()
         llvm.initialize_native_asmprinter()
+        self.cpu = cpu
         self.lanes = lanes
         self.r_max, self.ob_max = TILES[lanes]
         self.r_limits = r_limits(lanes)

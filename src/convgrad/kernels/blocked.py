@@ -131,6 +131,13 @@ def vector_bits() -> int:
     return 0 if c is None else 32 * c.lanes
 
 
+def host_cpu() -> str:
+    """LLVM's name of the CPU the micro-kernels were built for (``znver5``,
+    ``skylake-avx512``, ...), "" where unavailable."""
+    c = _ukernel.compiled() if available() else None
+    return "" if c is None else c.cpu
+
+
 def unavailable_reason() -> str:
     """Why ``available()`` is False, in words (for error messages)."""
     if not depthwise.available() or _jit() is None:
