@@ -515,8 +515,9 @@ from .depthwise import CB_CHANNELS as CB     # channels per transposed block
 # after): mobilenet conv5_1/dw (512 x 14^2) data gradient 148-153 / 101-132, forward
 # 140-152 / 104-119; conv4_2/dw (stride 2) 131-134 / 118-128, 117-118 / 94-96; conv6/dw
 # (1024 x 7^2) 76-83 / 58-63, 72-77 / 60-64. Inlined into the callers' loop nests the same
-# tile ran slower (conv5_1/dw 190-202 / 160-189): the functions stay apart, and the data
-# gradient reads its output cells from per-axis tables (no division per tap).
+# tile ran slower (conv5_1/dw: data gradient 190-202, forward 160-189): the functions stay
+# apart, and the data gradient reads its output cells from per-axis tables (no division
+# per tap).
 _cl_registers = stack_registers(CB)
 
 
