@@ -447,7 +447,7 @@ def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
 # OpenBLAS runs its SkylakeX kernels at 430 GFLOP/s on 2 threads) the 512-bit rules hold
 # for multi-tap kernels (2 threads, in-process, ms, blocked / best GEMM lowering: res2a-
 # res4a_branch2b 2.4 / 4.7, 2.2 / 3.7, 3.0 / 3.6 weight gradients, 2.4 / 3.3, 2.1 / 2.9,
-# 2.2 / 3.1 data gradients; 3d_unet conv_2 - conv_7 1.5-2.8 / 2.0-5.4), but OpenBLAS's
+# 2.2 / 3.1 data gradients; 3d_unet conv_2 - conv_7 1.5-3.2 / 2.0-5.4), but OpenBLAS's
 # GEMMs win elsewhere. Median of 24 calls in the benchmark's conditions (a 0.1 s pause and
 # 64 MB of other traffic before each warm-up and 3 timed calls, the two alternating):
 #  - 1x1 weight gradients on the streamed channels-last path lose to ``taps``: 64 -> 256
