@@ -118,6 +118,54 @@ def test_direct_every_floor_remainder(s, extra, variant):
 
 
 @needs_numba
+@pytest.mark.parametrize("limits", [(4, 6), (3, 3), (1, 1)])
+def test_weight_gradient_dot_plan_places_every_tap_once(limits):
+    """The lane-sum calls of the phase-grid weight gradient (``_dot_plan``, pure): every tap
+    in exactly one (call, row, column) slot, within the tile limits, at the grid offset the
+    slot reads (``b_base + j*b_rs + r*a_step`` = its phase plane + its offset there), and a
+    margin that covers the largest shift; a 3x3 stride-1 kernel is one 3 x 3 call and
+    stride 2 one call per phase (4)."""
+    r_max, j_max = limits
+    rng = np.random.default_rng(11)
+    specs = [_spec(1, 4, 1, (12, 13), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+             _spec(1, 4, 1, (12, 13), (3, 3), (2, 2), (1, 1), (1, 1), (0, 0))]
+    for nsp in (1, 2, 3):
+        specs += [_random_spec(rng, nsp, int(rng.integers(1, 3))) for _ in range(12)]
+    for spec in specs:
+        calls, taps, margin = dwk._dot_plan(spec, r_max, j_max)
+        ins, outs, ks = (np.array(dwk._as3d(v, 0), dtype=np.int64) for v in (spec.src, spec.dst, spec.kernel))
+        _, total, _, _, _, _, _, phase, off = dwk._jit()._setup(ins, outs, ks, dwk._geo(spec))
+        seen = []
+        for nr, nj, a_step, b_base, b_rs, first in calls:
+            assert 1 <= nr <= r_max and 1 <= nj <= j_max and (nr - 1) * a_step <= margin
+            for r in range(nr):
+                for j in range(nj):
+                    t = taps[first + r * nj + j]
+                    assert b_base + j * b_rs + r * a_step == phase[t] * total + off[t], (str(spec), t)
+                    seen.append(int(t))
+        assert sorted(seen) == list(range(int(np.prod(spec.kernel)))), str(spec)
+    assert [tuple(c[:2]) for c in dwk._dot_plan(specs[0], 4, 6)[0]] == [(3, 3)]
+    assert len(dwk._dot_plan(specs[1], 4, 6)[0]) == 4
+
+
+@needs_numba
+def test_weight_gradient_without_the_micro_kernels(monkeypatch):
+    """float32 weight gradients on the phase grids where the compiled micro-kernels are
+    missing keep the numba register groups: the same problems match the reference."""
+    monkeypatch.setattr(dwk, "SMALL_IMAGE_BWD_WEIGHTS", -1)
+    monkeypatch.setattr(dwk, "_dot_kernel", lambda: None)
+    rng = np.random.default_rng(21)
+    for nsp in (1, 2, 3):
+        for _ in range(3):
+            spec = _random_spec(rng, nsp, 2)
+            x, w, dy = _inputs(spec, rng, np.float32)
+            got = cg.conv_backward_weights(x, dy, spec.kernel, algorithm="direct", **_kw(spec))
+            want = ref.conv_backward_weights(spec, x.astype(np.float64), dy.astype(np.float64))
+            red = max(1, spec.mb * int(np.prod(spec.dst)))
+            assert rel_err(got, want) <= 2e-6 * np.sqrt(red), str(spec)
+
+
+@needs_numba
 def test_direct_pads_larger_than_the_kernel_and_unit_shapes(variant):
     rng = np.random.default_rng(5)
     for spec in (_spec(2, 3, 2, (4, 3), (2, 3), (1, 2), (1, 1), (7, 5), (6, 9)),      # outputs of pure padding

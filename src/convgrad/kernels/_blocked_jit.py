@@ -16,24 +16,13 @@ and the block of ``wbw`` output channels from ``ob0``, a ``(T, cg, wbw)`` array 
 from __future__ import annotations
 
 import numpy as np
-from llvmlite import ir
-from numba import njit, types
+from numba import njit
 from numba.extending import intrinsic
+
+from ._jit_common import _dotkernel, _indirect_call
 
 JIT = dict(nogil=True, cache=True)
 NARGS = 15      # R, OB + the micro-kernel's 13 arguments
-
-
-def _indirect_call(nargs: int):
-    """``(signature, codegen)`` of an intrinsic ``f(addr, x1 .. x_nargs)`` that calls the
-    function at ``addr`` with ``nargs`` 64-bit integers."""
-    def codegen(context, builder, signature, args):
-        i64 = ir.IntType(64)
-        fnty = ir.FunctionType(ir.VoidType(), [i64] * nargs)
-        fn = builder.inttoptr(args[0], fnty.as_pointer())
-        builder.call(fn, list(args[1:]))
-        return context.get_dummy_value()
-    return types.void(*([types.int64] * (nargs + 1))), codegen
 
 
 @intrinsic
@@ -429,11 +418,6 @@ def pointwise_items(a, b, y, geo, i0, i1, addr, r_max, lanes, ob_max):
                     _ukernel(addr, R, OB, aa + 4 * (g * a_gs + m0 * a_rs), ba + 4 * (n * b_img + g * b_gs + p0),
                              ya + 4 * (n * y_img + g * y_gs + m0 * HW + p0), offs.ctypes.data, offs.ctypes.data, 1, K,
                              a_rs, a_ks, HW, HW, 0, cnt - (OB - 1) * lanes)
-
-
-@intrinsic
-def _dotkernel(typingctx, addr, R, J, a, b, y, npos, a_rs, b_rs, y_rs):
-    return _indirect_call(9)
 
 
 @njit(**JIT)

@@ -31,13 +31,20 @@ without fastmath. Taps are applied three at a time (``((acc + w0*a) + w1*b) + w2
 the same operations in the same order as three passes, a third of the traffic on ``acc``).
 
 Order of every sum (fixed, independent of the chunking and of the thread count): fwd, taps
-row-major; bwd_data, ``m`` then the taps of the element's phase row-major; bwd_weights,
-per lane ``p % R`` and block of BLOCK positions a sum from zero over ``p`` ascending (kept
-in registers, ``_group``), added to the lane's running sum block after block, image after
-image; then the lanes folded in halves (lane ``j`` plus lane ``j + ceil(width/2)``) down
-to FOLD, added left to right in float64. Measured (one core, the tap loops alone): the
-register groups run 19 GFMA/s on 32x112^2 and 15 on 256x28^2, where 256 lanes in memory
-(four blocks per pass) ran 14 and 9.
+row-major; bwd_data, ``m`` then the taps of the element's phase row-major; bwd_weights in
+float32 with the compiled micro-kernels (``_dot_taps``): per image and per planned call,
+chunks of ``DOT_CHUNK`` positions, each summed in the vector lanes from zero and the lanes
+added by a fixed halving tree, added to the tap's running sum chunk after chunk, image
+after image; otherwise (float64, or no micro-kernels), per lane ``p % R`` and block of
+BLOCK positions a sum from zero over ``p`` ascending (kept in registers, ``_group``),
+added to the lane's running sum block after block, image after image; then the lanes
+folded in halves (lane ``j`` plus lane ``j + ceil(width/2)``) down to FOLD, added left to
+right in float64. Measured (one core, the tap loops alone): the register groups run 19
+GFMA/s on 32x112^2 and 15 on 256x28^2, where 256 lanes in memory (four blocks per pass)
+ran 14 and 9. The lane-sum calls share each vector load among several taps (a 3x3
+stride-1 kernel: 3 rows of ``diff_dst`` and 3 of the grid for 9 sums, against 10 loads
+for 9 in the groups): the compiled weight gradient of all 128 channels of 56^2 took 120
+us (89 of them the grid copies) against 200 with the groups, on one AMD Zen 5 core.
 """
 
 from __future__ import annotations
@@ -45,7 +52,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ._jit_common import JIT, copy_elems, gather_strided, stack_registers
+from ._jit_common import JIT, _dotkernel, copy_elems, gather_strided, stack_registers
 
 FOLD = 4         # lanes left by the halving fold of the weight gradient, added in float64
 from .depthwise import LANES as R     # weight-gradient lanes (positions p % R)
@@ -444,7 +451,11 @@ def _tap_groups(tap_phase, tap_off, plane):
 
 
 @njit(nogil=True, cache=True)
-def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
+def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo, dot_addr, calls, call_taps, margin, chunk):
+    """Weight gradient on the phase grids. With ``dot_addr`` (float32 on a host with the
+    compiled micro-kernels; 0 otherwise) each image's sums run in the lane-sum micro-kernel
+    (``_dot_taps``, the calls planned by ``depthwise._dot_plan``), else in the register
+    groups of ``_group``; ``dyw`` holds ``margin`` zero cells before the grid."""
     ins = np.array([x.shape[2], x.shape[3], x.shape[4]])
     outs = np.array([dy.shape[2], dy.shape[3], dy.shape[4]])
     ks = np.array([dw_out.shape[1], dw_out.shape[2], dw_out.shape[3]])
@@ -456,21 +467,32 @@ def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
     # register block (dyw is zero there, buf is read there)
     buf = np.zeros(nph * total + R, x.dtype)
     pairs = _pair_plan(ins[2], q, geo)
-    dyw = np.zeros(total + R, dy.dtype)              # cells outside dy stay zero
+    dyw = np.zeros(margin + total + R, dy.dtype)     # cells outside dy stay zero
+    g = dyw[margin:]
     span = max(span, 0)
     acc = np.empty((mult, n_taps + 1, R), dw_out.dtype)   # + a spare row (_tap_groups)
+    sums = np.empty((mult, n_taps), dw_out.dtype)
+    tile = np.empty(max(1, call_taps.shape[0]), dw_out.dtype)
     dw2 = dw_out.reshape((dw_out.shape[0], n_taps))
     g_offs, g_rows = _tap_groups(tap_phase, tap_off, total)
     for c in range(c0, c1):
         acc[:] = 0
+        sums[:] = 0
         for n in range(x.shape[0]):
             _build_phases(x[n, c - xc0], buf, q, rank, res, nres, geo, pairs)
             for m in range(mult):
-                _place(dy[n, c * mult + m - dyc0], dyw, 0, q)
-                for gi in range(g_offs.shape[0]):     # acc[t, p % R] += dyw[p] * grid(t)[p]
-                    _group(acc[m], g_rows[gi], dyw, buf, g_offs[gi], span)
+                _place(dy[n, c * mult + m - dyc0], dyw, margin, q)
+                if dot_addr:
+                    _dot_taps(dot_addr, calls, call_taps, g, buf, span, tile, sums[m], chunk)
+                else:
+                    for gi in range(g_offs.shape[0]):     # acc[t, p % R] += dyw[p] * grid(t)[p]
+                        _group(acc[m], g_rows[gi], g, buf, g_offs[gi], span)
         for m in range(mult):
             wo = dw2[c * mult + m]
+            if dot_addr:
+                for t in range(n_taps):
+                    wo[t] = sums[m, t]
+                continue
             for t in range(n_taps):
                 # lanes folded in halves (lane j += lane j + h, h = ceil(width / 2), in
                 # the compute type: vector adds) down to FOLD, which are added left to
@@ -487,6 +509,38 @@ def backward_weights(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
                 for k in range(width):
                     total_t += part[k]
                 wo[t] = total_t
+
+
+@njit(nogil=True, cache=True)
+def _dot_taps(addr, calls, call_taps, g, buf, span, tile, sums, chunk):
+    """sums[t] += sum_{p < span} g[p] * grid(t)[p] for every tap, one image: per planned
+    call (R, J, a_step, b_base, b_rs, first), tap ``call_taps[first + r*J + j]`` sits at
+    ``b_base + j*b_rs + r*a_step`` of ``buf``, and
+
+        sum_p g[p] * buf[b_base + j*b_rs + r*a_step + p] = sum_p' g[p' - r*a_step] * buf[b_base + j*b_rs + p']
+
+    over ``p' < span + (R-1)*a_step`` (``g`` is zero before its first cell and from
+    ``span`` on): the micro-kernel's ``a`` rows are ``g`` shifted back by ``a_step`` and its
+    ``b`` rows the taps' rows of the grid, so R x J sums share R + J vector loads per
+    position block. Each call's sums start from zero and are added to ``sums`` in call
+    order (fixed by the problem)."""
+    if span <= 0:
+        return
+    ga = g.ctypes.data
+    ba = buf.ctypes.data
+    ta = tile.ctypes.data
+    item = g.itemsize
+    for k in range(calls.shape[0]):
+        nr, nj, a_step, b_base, b_rs, first = calls[k, 0], calls[k, 1], calls[k, 2], calls[k, 3], calls[k, 4], \
+            calls[k, 5]
+        npos = span + (nr - 1) * a_step
+        for p0 in range(0, npos, chunk):
+            for i in range(nr * nj):
+                tile[i] = 0
+            _dotkernel(addr, nr, nj, ga + item * p0, ba + item * (b_base + p0), ta, min(chunk, npos - p0), -a_step,
+                       b_rs, nj)
+            for i in range(nr * nj):
+                sums[call_taps[first + i]] += tile[i]
 
 
 # ---------------------------------------------------------------------------------------

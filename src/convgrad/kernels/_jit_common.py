@@ -7,6 +7,12 @@ a heap array (``np.empty``) may alias the other arrays, so every update went thr
 memory (measured in both kernels: the thin forward tile 62 -> 88 GFLOP/s per core with
 FMA, the depthwise weight-gradient taps 14 -> 19 G multiply-adds/s).
 
+Calls into the micro-kernels compiled with llvmlite (``_ukernel.py``): ``_indirect_call``
+builds intrinsics that call a function by its address (an argument, never a constant of
+the compiled loop, so numba's on-disk cache stays valid in every process); ``_dotkernel``
+is the lane-sum family (``dotkernel(R, J, ...)``), shared by ``blocked``'s 1x1 weight
+gradient and the depthwise weight gradient.
+
 Row copies: ``copy_elems`` (contiguous, one ``llvm.memcpy``) and ``gather_strided`` (a
 constant or variable stride, unsigned offsets) fill both kernels' padded and phase grids.
 """
@@ -14,6 +20,7 @@ constant or variable stride, unsigned offsets) fill both kernels' padded and pha
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
 from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
@@ -75,3 +82,23 @@ def gather_strided(dst, src, d0, s0, n, s):
         su = np.uint64(s)
         for j in range(np.uint64(n)):
             dst[d0 + j] = src[s0 + su * j]
+
+
+def _indirect_call(nargs: int):
+    """``(signature, codegen)`` of an intrinsic ``f(addr, x1 .. x_nargs)`` that calls the
+    function at ``addr`` with ``nargs`` 64-bit integers."""
+    def codegen(context, builder, signature, args):
+        i64 = ir.IntType(64)
+        fnty = ir.FunctionType(ir.VoidType(), [i64] * nargs)
+        fn = builder.inttoptr(args[0], fnty.as_pointer())
+        builder.call(fn, list(args[1:]))
+        return context.get_dummy_value()
+    return types.void(*([types.int64] * (nargs + 1))), codegen
+
+
+@intrinsic
+def _dotkernel(typingctx, addr, R, J, a, b, y, npos, a_rs, b_rs, y_rs):
+    """``dotkernel(R, J, a, b, y, npos, a_rs, b_rs, y_rs)`` at ``addr`` (``_ukernel``
+    module doc: ``y[r*y_rs + j] += sum_p a[r*a_rs + p] * b[j*b_rs + p]``, p < npos,
+    addresses as integers, strides in elements)."""
+    return _indirect_call(9)

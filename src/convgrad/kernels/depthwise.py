@@ -84,7 +84,10 @@ PARALLEL_FACTOR = {False: {"fwd": 1.0, "bwd_data": 1.0, "bwd_weights": 1.0},
 CHUNKS_PER_WORKER = 4
 MIN_CHUNK_MACS = 1 << 17
 # Partial sums per weight-gradient tap, positions p % LANES (the compiled loops read it
-# from here): one AVX2 vector of float32, kept in a register while a block runs.
+# from here): one AVX2 vector of float32, kept in a register while a block runs. (The
+# register groups sum float64 weight gradients, and float32 ones where the compiled
+# micro-kernels are missing; elsewhere the lane-sum micro-kernel does, ``_dot_plan``.
+# 16 lanes here ran 8-13 % slower than 8 on the AMD Zen 5.)
 LANES = 8
 # Problems with at most SMALL_IMAGE output positions per image (weight gradient: at most
 # SMALL_IMAGE_BWD_WEIGHTS) run channels-last (``*_cl``): blocks of CB_CHANNELS channels
@@ -208,7 +211,8 @@ def _scratch_bytes(spec: ConvSpec, direction: str, itemsize: int, cl: bool, cb: 
     elif direction == "bwd_data":
         elems = grids + geom.max_off + total + 6 * max(spec.src)     # + the dx cell map (int64)
     else:
-        elems = grids + total + 2 * lanes + spec.ocg * (taps + 1) * lanes + 16
+        # + the margin before dyw (at most max_off), the lane-sum path's sums and tile
+        elems = grids + total + geom.max_off + 2 * lanes + spec.ocg * (taps + 1) * (lanes + 1) + 16 + taps
     if cl:      # transposed blocks of src, dst (all multipliers), weights; the column tables
         cells = math.prod(spec.src)
         if direction == "bwd_weights":      # src as a zero-padded grid; the sums (+ a spare row)
@@ -218,6 +222,77 @@ def _scratch_bytes(spec: ConvSpec, direction: str, itemsize: int, cl: bool, cb: 
         elems = cb * (cells + spec.ocg * math.prod(spec.dst) + spec.ocg * taps) \
             + 2 * (max(spec.src) + 2) * max(spec.kernel)
     return int(elems) * itemsize + 1024
+
+
+def _even_runs(values: list[int], limit: int) -> list[tuple[int, int, int]]:
+    """``values`` (sorted) cut into runs ``[i, j)`` of at most ``limit`` equally spaced
+    values: ``(i, j, spacing)``, spacing 0 for a run of one (pure)."""
+    out, i = [], 0
+    while i < len(values):
+        j = i + 1
+        step = values[j] - values[i] if j < len(values) else 0
+        while j < len(values) and j - i < limit and values[j] - values[j - 1] == step:
+            j += 1
+        out.append((i, j, step if j - i > 1 else 0))
+        i = j
+    return out
+
+
+def _dot_kernel():
+    """The compiled micro-kernels (``_ukernel``) when they can run here, else None (the
+    weight gradient then keeps its numba register groups)."""
+    from . import _ukernel
+    return _ukernel.compiled()
+
+
+@functools.lru_cache(maxsize=256)
+def _dot_plan(spec: ConvSpec, r_max: int, j_max: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Calls of the lane-sum micro-kernel for the phase-grid weight gradient (pure):
+    ``(calls, call_taps, margin)`` as ``_depthwise_jit._dot_taps`` reads them.
+
+    In a phase, the taps with the same shifts on the outer axes lie at offsets ``outer +
+    shift`` of the grid, their last-axis shifts ``(k*d) // s`` in steps of ``d /
+    gcd(d, s)``; runs of up to ``r_max`` such taps become a call's R rows (``a``, the
+    shifted ``diff_dst``), and up to ``j_max`` runs of the same phase, length, step and
+    first shift whose outer offsets are equally spaced become its J rows (``b``, the grid).
+    A 3x3 stride-1 kernel is one call of 3 x 3 sums; stride 2 gives four, one per phase.
+    ``margin``: the zero cells ``diff_dst`` needs before its grid for the largest shift."""
+    jit = _jit()
+    ins = np.array(_as3d(spec.src, 0), dtype=np.int64)
+    outs = np.array(_as3d(spec.dst, 0), dtype=np.int64)
+    ks = np.array(_as3d(spec.kernel, 0), dtype=np.int64)
+    geo = _geo(spec)
+    _, total, _, _, _, _, _, tap_phase, tap_off = jit._setup(ins, outs, ks, geo)
+    s2, d2, k2 = int(geo[2]), int(geo[5]), int(ks[2])
+    lines: dict = {}
+    for t in range(len(tap_phase)):
+        shift = (t % k2) * d2 // s2
+        lines.setdefault((int(tap_phase[t]), int(tap_off[t]) - shift), []).append((shift, t))
+    runs: dict = {}        # (phase, length, step, first shift) -> [(outer, taps)]
+    for (phase, outer), items in lines.items():
+        items.sort()
+        for i, j, step in _even_runs([v for v, _ in items], r_max):
+            runs.setdefault((phase, j - i, step, items[i][0]), []).append((outer, [t for _, t in items[i:j]]))
+    calls, taps, margin = [], [], 0
+    for (phase, length, step, first), members in sorted(runs.items()):
+        members.sort()
+        for i, j, gap in _even_runs([outer for outer, _ in members], j_max):
+            block = members[i:j]
+            calls.append((length, len(block), step, phase * int(total) + block[0][0] + first, gap, len(taps)))
+            taps += [block[jj][1][r] for r in range(length) for jj in range(len(block))]
+            margin = max(margin, (length - 1) * step)
+    return np.array(calls, dtype=np.int64).reshape(-1, 6), np.array(taps, dtype=np.int64), margin
+
+
+_NO_DOT = (np.zeros((0, 6), dtype=np.int64), np.zeros(0, dtype=np.int64), 0)
+# Positions per lane-sum call of the weight gradient (each call's sums, from zero, are then
+# added to the running sums): the float32 lanes then sum at most 128 terms each. Measured
+# (largest error against float64, relative to the largest weight; one-thread time of the
+# five mobilenet phase-grid layers): one call over the whole image 6.2e-7 / 3.1e-7 /
+# 1.2e-6 on 32 x 112^2, 64 x 112^2 stride 2 and 8 x 224^2 mb8 5x5, 2048 positions 2.6e-7 /
+# 2.1e-7 / 2.5e-7 (the register groups before: 1.7e-7 / 1.3e-7 / 9.1e-7), at the same
+# speed (32 x 112^2: 117-123 us in chunks, 114-124 in one call).
+DOT_CHUNK = 2048
 
 
 def _macs_per_channel(spec: ConvSpec) -> int:
@@ -311,9 +386,16 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     blocks, workers = _plan(spec, per_x + per_dy, _scratch(spec, "bwd_weights", dtype.itemsize), workspace_limit,
                             "bwd_weights", CB_CHANNELS if cl else 1)
 
+    compiled = _dot_kernel() if not cl and dtype == np.float32 else None
+    plan = _dot_plan(spec, compiled.dot_r_max, compiled.dot_j_max) if compiled is not None else _NO_DOT
+    addr = compiled.dot_address if compiled is not None else 0
+
     def work(b):
         x, xc0 = get_x(*b)
         dy, dyc0 = get_dy(*b)
-        (jit.backward_weights_cl if cl else jit.backward_weights)(x, xc0, dy, dyc0, dw, b[0], b[1], geo)
+        if cl:
+            jit.backward_weights_cl(x, xc0, dy, dyc0, dw, b[0], b[1], geo)
+        else:
+            jit.backward_weights(x, xc0, dy, dyc0, dw, b[0], b[1], geo, addr, *plan, DOT_CHUNK)
     run_each(work, blocks, workers)
     return dw.reshape(spec.weights_shape)
