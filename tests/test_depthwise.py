@@ -149,6 +149,40 @@ def test_weight_gradient_dot_plan_places_every_tap_once(limits):
 
 
 @needs_numba
+@pytest.mark.parametrize("flip", [False, True])
+def test_stencil_plan_places_every_tap_once(flip):
+    """The compiled-stencil calls of the phase-grid forward / stride-1 data gradient
+    (``_stencil_plan``, pure): every tap once, blocks within the kernel's limits, each tap
+    at the offset its slot reads (``base + kh*q2 + kw*step`` = its phase plane + its
+    offset, mirrored for the data gradient); a 3x3 stride-1 kernel is one 3 x 3 block."""
+    from convgrad.kernels import _jit_common, _ukernel
+    rng = np.random.default_rng(12)
+    specs = [_spec(1, 4, 1, (12, 13), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))]
+    for nsp in (1, 2, 3):
+        specs += [_random_spec(rng, nsp, 1) for _ in range(12)]
+    for spec in specs:
+        if flip and any(s != 1 for s in spec.strides):
+            spec = _spec(spec.mb, spec.ic, 1, spec.src, spec.kernel, (1,) * spec.nsp, spec.dilations,
+                         spec.pads_begin, spec.pads_end)
+        calls, taps = dwk._stencil_plan(spec, flip, 3, 3)
+        ins, outs, ks = (np.array(dwk._as3d(v, 0), dtype=np.int64) for v in (spec.src, spec.dst, spec.kernel))
+        q, total, _, max_off, _, _, _, phase, off = dwk._jit()._setup(ins, outs, ks, dwk._geo(spec))
+        seen = []
+        for kh, kw, base, step, first, _ in calls:
+            assert 1 <= kh <= 3 and 1 <= kw <= 3
+            for i in range(kh):
+                for j in range(kw):
+                    t = taps[first + i * kw + j]
+                    want = phase[t] * total + (max_off - off[t] if flip else off[t])
+                    assert base + i * q[2] + j * step == want, (str(spec), t)
+                    seen.append(int(t))
+        assert sorted(seen) == list(range(int(np.prod(spec.kernel)))), str(spec)
+    assert [tuple(c[:2]) for c in dwk._stencil_plan(specs[0], flip, 3, 3)[0]] == [(3, 3)]
+    for k in ((1, 1, 1, False), (3, 3, 4, True), (2, 3, 1, True)):
+        assert _jit_common.stencil_key(*k) == _ukernel.stencil_key(*k)
+
+
+@needs_numba
 def test_weight_gradient_without_the_micro_kernels(monkeypatch):
     """float32 weight gradients on the phase grids where the compiled micro-kernels are
     missing keep the numba register groups: the same problems match the reference."""

@@ -30,8 +30,19 @@ stride, dilation, padding or image size, with no per-element test, and LLVM vect
 without fastmath. Taps are applied three at a time (``((acc + w0*a) + w1*b) + w2*c``:
 the same operations in the same order as three passes, a third of the traffic on ``acc``).
 
+Stride-1 forwards and data gradients in float32, where the micro-kernels of ``_ukernel``
+run, take their taps in its compiled stencil instead (``_stencil_rows``, blocks of up to 3
+x 3 taps planned by ``depthwise._stencil_plan``): four output rows per call share their
+input rows, each term is one FMA, and the rows are written straight into the result (no
+wide grid, no copy back). One thread, whole public calls, us, numba taps / stencil:
+mobilenet conv2_1/dw (32 x 112^2) data gradient 172-201 / 104, forward 156-162 / 107-117;
+conv3_1/dw (128 x 56^2) 193-210 / 120-122 and 177-184 / 133-134; conv4_1/dw (256 x 28^2)
+119-120 / 100-103 and 121-144 / 111.
+
 Order of every sum (fixed, independent of the chunking and of the thread count): fwd, taps
-row-major; bwd_data, ``m`` then the taps of the element's phase row-major; bwd_weights in
+row-major (in the stencil: block after block, row-major inside a block; a kernel of at
+most 3 x 3 taps is one block); bwd_data, ``m`` then the taps of the element's phase
+row-major (in the stencil: ``m``, then the mirrored taps block by block); bwd_weights in
 float32 with the compiled micro-kernels (``_dot_taps``): per image and per planned call,
 chunks of ``DOT_CHUNK`` positions, each summed in the vector lanes from zero and the lanes
 added by a fixed halving tree, added to the tap's running sum chunk after chunk, image
@@ -52,7 +63,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ._jit_common import JIT, _dotkernel, copy_elems, gather_strided, stack_registers
+from ._jit_common import JIT, _dotkernel, _stencil, copy_elems, gather_strided, stack_registers, stencil_key
 
 FOLD = 4         # lanes left by the halving fold of the weight gradient, added in float64
 from .depthwise import LANES as R     # weight-gradient lanes (positions p % R)
@@ -270,8 +281,34 @@ def _taps_into(acc, n, srcs, base, w, taps, tap_phase, tap_off, sign, plane, fir
         i += 1
 
 
+ST_U = 4        # output rows per stencil call (``_ukernel.STENCIL_U``)
+
+
 @njit(nogil=True, cache=True)
-def forward(x, xc0, w, y, yc0, c0, c1, geo):
+def _stencil_rows(addr, calls, wblk, src, yflat, rows, cols, q, first, accumulate):
+    """Every output row of one channel through the compiled stencil (``depthwise._stencil_plan``):
+    ``yflat`` holds ``rows[0] x rows[1]`` rows of ``cols`` values, row ``(a, b)`` reads the
+    grid ``src`` from cell ``((a + first[0])*q1 + b + first[1])*q2 + first[2]``; per call
+    (KH, KW, base, x_cs, first weight) the block of taps at ``base`` with its weights in
+    ``wblk``, added in call order (the first call stores unless ``accumulate``). Rows
+    go ST_U at a time (they share input rows in the stencil)."""
+    sa = src.ctypes.data
+    wa = wblk.ctypes.data
+    ya = yflat.ctypes.data
+    item = src.itemsize
+    for a in range(rows[0]):
+        for b0 in range(0, rows[1], ST_U):
+            u = min(ST_U, rows[1] - b0)
+            cell = ((a + first[0]) * q[1] + b0 + first[1]) * q[2] + first[2]
+            yp = ya + item * ((a * rows[1] + b0) * cols)
+            for k in range(calls.shape[0]):
+                key = stencil_key(calls[k, 0], calls[k, 1], u, accumulate or k > 0)
+                _stencil(addr, key, sa + item * (calls[k, 2] + cell), wa + item * calls[k, 4], yp, cols, q[2],
+                         calls[k, 3], cols)
+
+
+@njit(nogil=True, cache=True)
+def forward(x, xc0, w, y, yc0, c0, c1, geo, st_addr, st_calls, st_taps):
     ins = np.array([x.shape[2], x.shape[3], x.shape[4]])
     outs = np.array([y.shape[2], y.shape[3], y.shape[4]])
     ks = np.array([w.shape[1], w.shape[2], w.shape[3]])
@@ -284,12 +321,20 @@ def forward(x, xc0, w, y, yc0, c0, c1, geo):
     pairs = _pair_plan(ins[2], q, geo)
     yw = np.empty(max(span, 0), y.dtype)
     w2 = w.reshape((w.shape[0], n_taps))
+    wblk = np.empty(max(1, st_taps.shape[0]), w.dtype)
+    zero3 = np.zeros(3, np.int64)
     for n in range(x.shape[0]):
         for c in range(c0, c1):
             _build_phases(x[n, c - xc0], buf, q, rank, res, nres, geo, pairs)
             for m in range(mult):
                 o = c * mult + m
                 wo = w2[o]
+                if st_addr:
+                    for i in range(st_taps.shape[0]):
+                        wblk[i] = wo[st_taps[i]]
+                    _stencil_rows(st_addr, st_calls, wblk, buf, y[n, o - yc0].reshape(-1), outs[:2], outs[2], q,
+                                  zero3, False)
+                    continue
                 _taps_into(yw, span, buf, 0, wo, taps, tap_phase, tap_off, 1, total, True)
                 yo = y[n, o - yc0].reshape(outs[0] * outs[1] * outs[2])
                 for a in range(outs[0]):
@@ -348,7 +393,7 @@ def _write_dx(dxc, dp, total, q, nres, loc_r, loc_q, geo, row_map):
 
 
 @njit(nogil=True, cache=True)
-def backward_data(dy, dyc0, w, dx, dxc0, c0, c1, geo):
+def backward_data(dy, dyc0, w, dx, dxc0, c0, c1, geo, st_addr, st_calls, st_taps):
     ins = np.array([dx.shape[2], dx.shape[3], dx.shape[4]])
     outs = np.array([dy.shape[2], dy.shape[3], dy.shape[4]])
     ks = np.array([w.shape[1], w.shape[2], w.shape[3]])
@@ -387,16 +432,25 @@ def backward_data(dy, dyc0, w, dx, dxc0, c0, c1, geo):
                 row_map[0, r2] = j
                 row_map[1, r2] = loc_q[2, j]
             row_map[2, r2] += 1
+    wblk = np.empty(max(1, st_taps.shape[0]), w.dtype)
+    pads = np.array([geo[6], geo[7], geo[8]])
     for n in range(dx.shape[0]):
         for c in range(c0, c1):
             for m in range(mult):
                 o = c * mult + m
                 _place(dy[n, o - dyc0], dyw, max_off, q)
                 wo = w2[o]
+                if st_addr:             # stride 1: dx rows straight from dyw (depthwise._stencil_plan)
+                    for i in range(st_taps.shape[0]):
+                        wblk[i] = wo[st_taps[i]]
+                    _stencil_rows(st_addr, st_calls, wblk, dyw, dx[n, c - dxc0].reshape(-1), ins[:2], ins[2], q,
+                                  pads, m > 0)
+                    continue
                 for ph in range(nph):
                     _taps_into(dp[ph * total:(ph + 1) * total], total, dyw, max_off, wo,
                                order[starts[ph]:starts[ph + 1]], tap_phase, tap_off, -1, 0, m == 0)
-            _write_dx(dx[n, c - dxc0], dp, total, q, nres, loc_r, loc_q, geo, row_map)
+            if not st_addr:
+                _write_dx(dx[n, c - dxc0], dp, total, q, nres, loc_r, loc_q, geo, row_map)
 
 
 _registers = stack_registers(TB * R)     # the register tile (``_jit_common``)

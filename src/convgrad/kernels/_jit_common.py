@@ -102,3 +102,16 @@ def _dotkernel(typingctx, addr, R, J, a, b, y, npos, a_rs, b_rs, y_rs):
     module doc: ``y[r*y_rs + j] += sum_p a[r*a_rs + p] * b[j*b_rs + p]``, p < npos,
     addresses as integers, strides in elements)."""
     return _indirect_call(9)
+
+
+@intrinsic
+def _stencil(typingctx, addr, key, x, w, y, npos, x_rs, x_cs, y_rs):
+    """``stencil(key, x, w, y, npos, x_rs, x_cs, y_rs)`` at ``addr`` (``_ukernel`` module
+    doc; ``key`` from ``stencil_key``)."""
+    return _indirect_call(8)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def stencil_key(KH, KW, U, accumulate):
+    """``_ukernel.stencil_key`` in compiled code (the same formula: checked by a test)."""
+    return ((KH * 8 + KW) * 8 + U) * 2 + (1 if accumulate else 0)

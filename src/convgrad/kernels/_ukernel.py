@@ -31,6 +31,15 @@ positions, as in the NCX arrays' rows; the 1x1 weight gradient)::
 
 for r < R and j < J, reached through ``dotkernel(R, J, ...)``.
 
+A third family is a small stencil over rows (the depthwise forward and data gradient on
+their phase grids, one channel)::
+
+    y[u*y_rs + p] (+)= sum_{kh < KH, kw < KW} w[kh*KW + kw] * x[(u + kh)*x_rs + kw*x_cs + p]
+
+for u < U rows and p < npos (the last vector masked), taps row-major, through
+``stencil(stencil_key(KH, KW, U, accumulate), ...)``: each input row is loaded once for
+the up to KH output rows that read it.
+
 Variants for every ``1 <= OB <= OB_MAX`` and ``1 <= R <= r_limits(V)[OB - 1]`` are reached through one
 entry point, ``ukernel(R, OB, ...)``, whose address the numba drivers call
 (``_blocked_jit.py``). Arguments are 64-bit integers, addresses included. Compiling all
@@ -63,6 +72,11 @@ R_TALL = 12
 DOT_TILES = {LANES_AVX512: (4, 6), LANES_AVX2: (3, 3)}
 DOT_NARGS = 7   # a, b, y, npos, a_rs, b_rs, y_rs
 TRANSPOSE_NARGS = 7   # src, src_rs, dst, dst_rs, nr, nc, sl
+# The stencil family (depthwise forwards and data gradients): blocks of at most
+# STENCIL_KH x STENCIL_KW taps, STENCIL_U output rows per call (KH*KW broadcast weights + U
+# accumulators + a loaded vector: 14 of AVX2's 16 registers at the largest).
+STENCIL_KH, STENCIL_KW, STENCIL_U = 3, 3, 4
+STENCIL_NARGS = 7     # x, w, y, npos, x_rs, x_cs, y_rs
 NARGS = 13      # a, b, y, aoff, boff, ntaps, K, a_rs, a_ks, b_ks, y_rs, acc, tail
 
 
@@ -201,6 +215,16 @@ def _variant_ir(name: str, R: int, OB: int, V: int, masked: bool = True) -> str:
     return "\n".join(L)
 
 
+def _npos_ir(V: int) -> list[str]:
+    """IR lines: ``%full`` whole vectors in ``%npos`` positions, ``%tail`` left over, and
+    ``%mask`` of the tail's lanes."""
+    lanes = ", ".join(f"i32 {i}" for i in range(V))
+    return [f"  %full = sdiv i64 %npos, {V}", f"  %tail = srem i64 %npos, {V}", "  %tail32 = trunc i64 %tail to i32",
+            f"  %tailv.0 = insertelement <{V} x i32> poison, i32 %tail32, i64 0",
+            f"  %tailv = shufflevector <{V} x i32> %tailv.0, <{V} x i32> poison, <{V} x i32> zeroinitializer",
+            f"  %mask = icmp slt <{V} x i32> <{lanes}>, %tailv"]
+
+
 def _dot_variant_ir(name: str, R: int, J: int, V: int) -> str:
     vt = f"<{V} x float>"
     L: list[str] = []
@@ -210,13 +234,7 @@ def _dot_variant_ir(name: str, R: int, J: int, V: int) -> str:
     a("entry:")
     for v in ("a", "b", "y"):
         a(f"  %{v} = inttoptr i64 %{v}a to ptr")
-    a(f"  %full = sdiv i64 %npos, {V}")
-    a(f"  %tail = srem i64 %npos, {V}")
-    a("  %tail32 = trunc i64 %tail to i32")
-    a(f"  %tailv.0 = insertelement <{V} x i32> poison, i32 %tail32, i64 0")
-    a(f"  %tailv = shufflevector <{V} x i32> %tailv.0, <{V} x i32> poison, <{V} x i32> zeroinitializer")
-    lanes = ", ".join(f"i32 {i}" for i in range(V))
-    a(f"  %mask = icmp slt <{V} x i32> <{lanes}>, %tailv")
+    L += _npos_ir(V)
     for r in range(R):
         a(f"  %ar{r} = mul i64 %a_rs, {r}")
     for j in range(J):
@@ -278,6 +296,103 @@ def _dot_variant_ir(name: str, R: int, J: int, V: int) -> str:
     a("  ret void")
     a("}")
     return "\n".join(L)
+
+
+def _stencil_variant_ir(name: str, KH: int, KW: int, U: int, V: int, accumulate: bool) -> str:
+    """One ``(KH, KW, U)`` variant of the stencil family (``module_ir``): for u < U and p <
+    npos, ``y[u*y_rs + p] (+)= sum over kh < KH, kw < KW, row-major, of w[kh*KW + kw] *
+    x[(u + kh)*x_rs + kw*x_cs + p]``, each term one FMA, the weights broadcast once per
+    call. The U rows share their input rows: row ``i`` of ``x`` is loaded once per
+    vector of positions for the up to KH outputs that read it, (U + KH - 1)*KW loads for
+    U*KH*KW terms. The last vector of a row is masked."""
+    vt = f"<{V} x float>"
+    L: list[str] = []
+    a = L.append
+    a(f"define internal void @{name}(i64 %xa, i64 %wa, i64 %ya, i64 %npos, i64 %x_rs, i64 %x_cs, i64 %y_rs) #0 {{")
+    a("entry:")
+    for v in ("x", "w", "y"):
+        a(f"  %{v} = inttoptr i64 %{v}a to ptr")
+    L += _npos_ir(V)
+    for t in range(KH * KW):
+        a(f"  %wp{t} = getelementptr float, ptr %w, i64 {t}")
+        a(f"  %ws{t} = load float, ptr %wp{t}")
+        a(f"  %wv{t}.0 = insertelement {vt} poison, float %ws{t}, i64 0")
+        a(f"  %wv{t} = shufflevector {vt} %wv{t}.0, {vt} poison, <{V} x i32> zeroinitializer")
+    for i in range(U + KH - 1):
+        a(f"  %xr{i} = mul i64 %x_rs, {i}")
+        for kw in range(KW):
+            a(f"  %xc{i}_{kw} = mul i64 %x_cs, {kw}")
+            a(f"  %xo{i}_{kw} = add i64 %xr{i}, %xc{i}_{kw}")
+    for u in range(U):
+        a(f"  %yo{u} = mul i64 %y_rs, {u}")
+    a("  %any = icmp sgt i64 %full, 0")
+    a("  br i1 %any, label %loop, label %epi")
+
+    def body(tag: str, masked: bool) -> None:
+        kv = f"%kv{tag}"
+        step = [0] * U
+        for u in range(U):
+            a(f"  %yi{u}{tag} = add i64 %yo{u}, {kv}")
+            a(f"  %yp{u}{tag} = getelementptr float, ptr %y, i64 %yi{u}{tag}")
+            if accumulate:
+                a(_vector_load(f"%c{u}_0{tag}", f"%yp{u}{tag}", V, masked))
+        for i in range(U + KH - 1):
+            for kw in range(KW):
+                a(f"  %xi{i}_{kw}{tag} = add i64 %xo{i}_{kw}, {kv}")
+                a(f"  %xp{i}_{kw}{tag} = getelementptr float, ptr %x, i64 %xi{i}_{kw}{tag}")
+                a(_vector_load(f"%xv{i}_{kw}{tag}", f"%xp{i}_{kw}{tag}", V, masked))
+        for u in range(U):
+            for kh in range(KH):
+                for kw in range(KW):
+                    acc = f"%c{u}_{step[u]}{tag}" if accumulate or step[u] else "zeroinitializer"
+                    a(f"  %c{u}_{step[u] + 1}{tag} = call {vt} @llvm.fma.v{V}f32({vt} %wv{kh * KW + kw}, "
+                      f"{vt} %xv{u + kh}_{kw}{tag}, {vt} {acc})")
+                    step[u] += 1
+        for u in range(U):
+            val = f"%c{u}_{step[u]}{tag}"
+            if masked:
+                a(f"  call void @llvm.masked.store.v{V}f32.p0({vt} {val}, ptr %yp{u}{tag}, i32 4, <{V} x i1> %mask)")
+            else:
+                a(f"  store {vt} {val}, ptr %yp{u}{tag}, align 4")
+
+    a("loop:")
+    a("  %k = phi i64 [0, %entry], [%k1, %loop]")
+    a(f"  %kv = mul i64 %k, {V}")
+    body("", False)
+    a("  %k1 = add i64 %k, 1")
+    a("  %more = icmp slt i64 %k1, %full")
+    a("  br i1 %more, label %loop, label %epi")
+    a("epi:")
+    a("  %hastail = icmp sgt i64 %tail, 0")
+    a("  br i1 %hastail, label %last, label %done")
+    a("last:")
+    a(f"  %kvm = mul i64 %full, {V}")
+    body("m", True)
+    a("  br label %done")
+    a("done:")
+    a("  ret void")
+    a("}")
+    return "\n".join(L)
+
+
+def stencil_key(KH: int, KW: int, U: int, accumulate: bool) -> int:
+    """The ``stencil`` entry point's first argument for one variant (pure)."""
+    return ((KH * 8 + KW) * 8 + U) * 2 + int(accumulate)
+
+
+def _stencil_entry_ir(V: int) -> tuple[str, list[str]]:
+    variants = [(KH, KW, U, acc) for KH in range(1, STENCIL_KH + 1) for KW in range(1, STENCIL_KW + 1)
+                for U in range(1, STENCIL_U + 1) for acc in (False, True)]
+    bodies = [_stencil_variant_ir(f"st_{KH}_{KW}_{U}_{int(acc)}", KH, KW, U, V, acc) for KH, KW, U, acc in variants]
+    args = ", ".join(f"i64 %x{i}" for i in range(STENCIL_NARGS))
+    out = [f"define void @stencil(i64 %key, {args}) #0 {{", "entry:", "  switch i64 %key, label %done ["]
+    out += [f"    i64 {stencil_key(*v)}, label %c{stencil_key(*v)}" for v in variants]
+    out.append("  ]")
+    for KH, KW, U, acc in variants:
+        k = stencil_key(KH, KW, U, acc)
+        out += [f"c{k}:", f"  call void @st_{KH}_{KW}_{U}_{int(acc)}({args})", "  br label %done"]
+    out += ["done:", "  ret void", "}"]
+    return "\n".join(out), bodies
 
 
 def transpose_ir(name: str, V: int) -> str:
@@ -409,6 +524,8 @@ def module_ir(V: int) -> str:
     parts += [_dot_variant_ir(f"dk_{R}_{J}", R, J, V) for R, J in dots]
     parts.append(_entry_ir("dotkernel", "dk", dots, DOT_NARGS))
     parts.append(transpose_ir("transpose", V))
+    entry, bodies = _stencil_entry_ir(V)
+    parts += bodies + [entry]
     parts.append(f'attributes #0 = {{ nounwind "min-legal-vector-width"="{V * 32}" }}')
     return "\n\n".join(parts) + "\n"
 
@@ -417,7 +534,8 @@ class Compiled:
     """The compiled module of this host: ``address`` of ``ukernel``, ``lanes`` (V),
     the largest square-ish tile ``(r_max, ob_max)`` and the most rows per vector count
     ``r_limits``; ``dot_address`` of ``dotkernel`` and its largest
-    tile ``(dot_r_max, dot_j_max)``; ``transpose_address`` of ``transpose`` (``transpose_ir``).
+    tile ``(dot_r_max, dot_j_max)``; ``transpose_address`` of ``transpose`` (``transpose_ir``);
+    ``stencil_address`` of ``stencil(key, ...)`` (``stencil_key``).
     Holds the execution engine (the code lives as
     long as it does)."""
 
@@ -440,6 +558,7 @@ class Compiled:
         self.dot_address = self._engine.get_function_address("dotkernel")
         self.transpose_address = self._engine.get_function_address("transpose")
         self.dot_r_max, self.dot_j_max = DOT_TILES[lanes]
+        self.stencil_address = self._engine.get_function_address("stencil")
 
 
 @functools.lru_cache(maxsize=1)

@@ -224,6 +224,13 @@ def _scratch_bytes(spec: ConvSpec, direction: str, itemsize: int, cl: bool, cb: 
     return int(elems) * itemsize + 1024
 
 
+def _phase_setup(spec: ConvSpec) -> tuple:
+    """The compiled loops' phase geometry of a problem (``_depthwise_jit._setup``: q, total,
+    span, max_off, rank, res, nres, tap_phase, tap_off), for the planners here."""
+    ins, outs, ks = (np.array(_as3d(v, 0), dtype=np.int64) for v in (spec.src, spec.dst, spec.kernel))
+    return _jit()._setup(ins, outs, ks, _geo(spec))
+
+
 def _even_runs(values: list[int], limit: int) -> list[tuple[int, int, int]]:
     """``values`` (sorted) cut into runs ``[i, j)`` of at most ``limit`` equally spaced
     values: ``(i, j, spacing)``, spacing 0 for a run of one (pure)."""
@@ -257,13 +264,9 @@ def _dot_plan(spec: ConvSpec, r_max: int, j_max: int) -> tuple[np.ndarray, np.nd
     first shift whose outer offsets are equally spaced become its J rows (``b``, the grid).
     A 3x3 stride-1 kernel is one call of 3 x 3 sums; stride 2 gives four, one per phase.
     ``margin``: the zero cells ``diff_dst`` needs before its grid for the largest shift."""
-    jit = _jit()
-    ins = np.array(_as3d(spec.src, 0), dtype=np.int64)
-    outs = np.array(_as3d(spec.dst, 0), dtype=np.int64)
-    ks = np.array(_as3d(spec.kernel, 0), dtype=np.int64)
     geo = _geo(spec)
-    _, total, _, _, _, _, _, tap_phase, tap_off = jit._setup(ins, outs, ks, geo)
-    s2, d2, k2 = int(geo[2]), int(geo[5]), int(ks[2])
+    _, total, _, _, _, _, _, tap_phase, tap_off = _phase_setup(spec)
+    s2, d2, k2 = int(geo[2]), int(geo[5]), int(spec.kernel[-1])
     lines: dict = {}
     for t in range(len(tap_phase)):
         shift = (t % k2) * d2 // s2
@@ -282,6 +285,63 @@ def _dot_plan(spec: ConvSpec, r_max: int, j_max: int) -> tuple[np.ndarray, np.nd
             taps += [block[jj][1][r] for r in range(length) for jj in range(len(block))]
             margin = max(margin, (length - 1) * step)
     return np.array(calls, dtype=np.int64).reshape(-1, 6), np.array(taps, dtype=np.int64), margin
+
+
+@functools.lru_cache(maxsize=256)
+def _stencil_plan(spec: ConvSpec, flip: bool, kh_max: int, kw_max: int) -> tuple[np.ndarray, np.ndarray]:
+    """Calls of the compiled stencil (``_ukernel``) for the phase-grid forward (``flip``
+    False: output cell ``p`` reads ``grid(t)[p + off(t)]``) or the stride-1 data gradient
+    (``flip``: dx cell ``q`` reads ``dyw[q + max_off - off(t)]``, the taps mirrored), pure:
+    ``(calls, call_taps)`` as ``_depthwise_jit._stencil_rows`` reads them.
+
+    A tap's offset in its phase plane is ``row*q2 + col`` (``row`` over the outer axes,
+    ``col`` its last-axis shift). Per phase and row, runs of up to ``kw_max`` equally
+    spaced columns; runs of the same phase, first column, step and length on consecutive
+    rows, up to ``kh_max`` of them, make one call's block (KH x KW taps, row-major), so the
+    stencil's output rows share their input rows. Calls in (phase, row, column) order."""
+    q, total, _, max_off, _, _, _, tap_phase, tap_off = _phase_setup(spec)
+    q2 = int(q[2])
+    lines: dict = {}
+    for t in range(len(tap_phase)):
+        off = int(max_off - tap_off[t]) if flip else int(tap_off[t])
+        col = off % q2            # the last-axis shift: at most (K - 1)*d // s < q2
+        lines.setdefault((int(tap_phase[t]), off // q2), []).append((col, t))
+    runs: dict = {}        # (phase, first column, step, length) -> [(row, taps)]
+    for (phase, row), items in lines.items():
+        items.sort()
+        for i, j, step in _even_runs([v for v, _ in items], kw_max):
+            runs.setdefault((phase, items[i][0], step, j - i), []).append((row, [t for _, t in items[i:j]]))
+    blocks = []
+    for (phase, first, step, length), members in runs.items():
+        members.sort()
+        for i, j, gap in _even_runs([row for row, _ in members], kh_max):
+            chain = members[i:j] if gap <= 1 else [[m] for m in members[i:j]]
+            for part in (chain if gap > 1 else [chain]):
+                blocks.append((phase, part[0][0], first, step, [t for _, ts in part for t in ts], len(part), length))
+    blocks.sort()
+    calls, taps = [], []
+    for phase, row, first, step, block_taps, kh, kw in blocks:
+        calls.append((kh, kw, phase * int(total) + row * q2 + first, step, len(taps), 0))
+        taps += block_taps
+    return np.array(calls, dtype=np.int64).reshape(-1, 6), np.array(taps, dtype=np.int64)
+
+
+_NO_STENCIL = (0, np.zeros((0, 6), dtype=np.int64), np.zeros(0, dtype=np.int64))
+
+
+def _stencil_args(spec: ConvSpec, direction: str, dtype, cl: bool) -> tuple:
+    """(address, calls, taps) of the compiled stencil for a stride-1 phase-grid forward or
+    data gradient in float32 where the micro-kernels run, else the numba taps (address 0).
+    Strided forwards keep the numba taps: their phases split a 3x3 kernel into four blocks
+    of 1-4 taps, each call adding into the output rows again (one thread, us, numba /
+    stencil: mobilenet conv2_2/dw 161-168 / 198-200, conv3_2/dw 128 / 147-151)."""
+    if cl or dtype != np.float32 or any(s != 1 for s in spec.strides):
+        return _NO_STENCIL
+    compiled = _dot_kernel()
+    if compiled is None:
+        return _NO_STENCIL
+    from ._ukernel import STENCIL_KH, STENCIL_KW
+    return (compiled.stencil_address,) + _stencil_plan(spec, direction == "bwd_data", STENCIL_KH, STENCIL_KW)
 
 
 _NO_DOT = (np.zeros((0, 6), dtype=np.int64), np.zeros(0, dtype=np.int64), 0)
@@ -343,9 +403,14 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
     blocks, workers = _plan(spec, per, w.nbytes + _scratch(spec, "fwd", dtype.itemsize), workspace_limit, "fwd",
                             CB_CHANNELS if cl else 1)
 
+    stencil = _stencil_args(spec, "fwd", dtype, cl)
+
     def work(b):
         x, xc0 = get_x(*b)
-        (jit.forward_cl if cl else jit.forward)(x, xc0, w, dst, 0, b[0], b[1], geo)
+        if cl:
+            jit.forward_cl(x, xc0, w, dst, 0, b[0], b[1], geo)
+        else:
+            jit.forward(x, xc0, w, dst, 0, b[0], b[1], geo, *stencil)
     run_each(work, blocks, workers)
     return dst.reshape(spec.dst_shape)
 
@@ -364,9 +429,14 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     blocks, workers = _plan(spec, per, w.nbytes + _scratch(spec, "bwd_data", dtype.itemsize), workspace_limit,
                             "bwd_data", CB_CHANNELS if cl else 1)
 
+    stencil = _stencil_args(spec, "bwd_data", dtype, cl)
+
     def work(b):
         dy, dyc0 = get_dy(*b)
-        (jit.backward_data_cl if cl else jit.backward_data)(dy, dyc0, w, dsrc, 0, b[0], b[1], geo)
+        if cl:
+            jit.backward_data_cl(dy, dyc0, w, dsrc, 0, b[0], b[1], geo)
+        else:
+            jit.backward_data(dy, dyc0, w, dsrc, 0, b[0], b[1], geo, *stencil)
     run_each(work, blocks, workers)
     return dsrc.reshape(spec.src_shape)
 
