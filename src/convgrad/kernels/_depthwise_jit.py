@@ -291,20 +291,22 @@ def _stencil_rows(addr, calls, wblk, src, yflat, rows, cols, q, first, accumulat
     grid ``src`` from cell ``((a + first[0])*q1 + b + first[1])*q2 + first[2]``; per call
     (KH, KW, base, x_cs, first weight) the block of taps at ``base`` with its weights in
     ``wblk``, added in call order (the first call stores unless ``accumulate``). Rows
-    go ST_U at a time (they share input rows in the stencil)."""
+    go ST_U at a time (they share input rows in the stencil), the rest one at a time."""
     sa = src.ctypes.data
     wa = wblk.ctypes.data
     ya = yflat.ctypes.data
     item = src.itemsize
     for a in range(rows[0]):
-        for b0 in range(0, rows[1], ST_U):
-            u = min(ST_U, rows[1] - b0)
+        b0 = 0
+        while b0 < rows[1]:
+            u = ST_U if rows[1] - b0 >= ST_U else 1
             cell = ((a + first[0]) * q[1] + b0 + first[1]) * q[2] + first[2]
             yp = ya + item * ((a * rows[1] + b0) * cols)
             for k in range(calls.shape[0]):
                 key = stencil_key(calls[k, 0], calls[k, 1], u, accumulate or k > 0)
                 _stencil(addr, key, sa + item * (calls[k, 2] + cell), wa + item * calls[k, 4], yp, cols, q[2],
                          calls[k, 3], cols)
+            b0 += u
 
 
 @njit(nogil=True, cache=True)
