@@ -183,20 +183,19 @@ def test_stencil_plan_places_every_tap_once(flip):
 
 
 @needs_numba
-def test_weight_gradient_without_the_micro_kernels(monkeypatch):
-    """float32 weight gradients on the phase grids where the compiled micro-kernels are
-    missing keep the numba register groups: the same problems match the reference."""
+def test_phase_grids_without_the_micro_kernels(monkeypatch):
+    """float32 problems on the phase grids where the compiled micro-kernels are missing keep
+    the numba taps and register groups: the same problems match the reference in all three
+    directions (stride-1 ones included, which otherwise run the compiled stencil)."""
+    monkeypatch.setattr(dwk, "SMALL_IMAGE", -1)
     monkeypatch.setattr(dwk, "SMALL_IMAGE_BWD_WEIGHTS", -1)
-    monkeypatch.setattr(dwk, "_dot_kernel", lambda: None)
+    monkeypatch.setattr(dwk, "_micro_kernels", lambda: None)
     rng = np.random.default_rng(21)
     for nsp in (1, 2, 3):
         for _ in range(3):
-            spec = _random_spec(rng, nsp, 2)
-            x, w, dy = _inputs(spec, rng, np.float32)
-            got = cg.conv_backward_weights(x, dy, spec.kernel, algorithm="direct", **_kw(spec))
-            want = ref.conv_backward_weights(spec, x.astype(np.float64), dy.astype(np.float64))
-            red = max(1, spec.mb * int(np.prod(spec.dst)))
-            assert rel_err(got, want) <= 2e-6 * np.sqrt(red), str(spec)
+            _check(_random_spec(rng, nsp, 2), rng, np.float32)
+        _check(_spec(2, 3, 1, (9, 8, 7)[:nsp], (3, 2, 3)[:nsp], (1,) * nsp, (1,) * nsp, (1,) * nsp, (1,) * nsp),
+               rng, np.float32)
 
 
 @needs_numba

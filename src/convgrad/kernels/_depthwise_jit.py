@@ -281,7 +281,7 @@ def _taps_into(acc, n, srcs, base, w, taps, tap_phase, tap_off, sign, plane, fir
         i += 1
 
 
-ST_U = 4        # output rows per stencil call (``_ukernel.STENCIL_U``)
+from ._ukernel import STENCIL_U as ST_U     # output rows per stencil call
 
 
 @njit(nogil=True, cache=True)

@@ -245,9 +245,9 @@ def _even_runs(values: list[int], limit: int) -> list[tuple[int, int, int]]:
     return out
 
 
-def _dot_kernel():
+def _micro_kernels():
     """The compiled micro-kernels (``_ukernel``) when they can run here, else None (the
-    weight gradient then keeps its numba register groups)."""
+    phase-grid loops then keep their numba taps and register groups)."""
     from . import _ukernel
     return _ukernel.compiled()
 
@@ -337,7 +337,7 @@ def _stencil_args(spec: ConvSpec, direction: str, dtype, cl: bool) -> tuple:
     stencil: mobilenet conv2_2/dw 161-168 / 198-200, conv3_2/dw 128 / 147-151)."""
     if cl or dtype != np.float32 or any(s != 1 for s in spec.strides):
         return _NO_STENCIL
-    compiled = _dot_kernel()
+    compiled = _micro_kernels()
     if compiled is None:
         return _NO_STENCIL
     from ._ukernel import STENCIL_KH, STENCIL_KW
@@ -456,7 +456,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     blocks, workers = _plan(spec, per_x + per_dy, _scratch(spec, "bwd_weights", dtype.itemsize), workspace_limit,
                             "bwd_weights", CB_CHANNELS if cl else 1)
 
-    compiled = _dot_kernel() if not cl and dtype == np.float32 else None
+    compiled = _micro_kernels() if not cl and dtype == np.float32 else None
     plan = _dot_plan(spec, compiled.dot_r_max, compiled.dot_j_max) if compiled is not None else _NO_DOT
     addr = compiled.dot_address if compiled is not None else 0
 
