@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 from numba.extending import intrinsic
 
-from ._jit_common import _dotkernel, _indirect_call
+from ._jit_common import _dotkernel, _indirect_call, _transpose
 
 JIT = dict(nogil=True, cache=True)
 NARGS = 15      # R, OB + the micro-kernel's 13 arguments
@@ -28,11 +28,6 @@ NARGS = 15      # R, OB + the micro-kernel's 13 arguments
 @intrinsic
 def _ukernel(typingctx, addr, R, OB, a, b, y, aoff, boff, ntaps, K, a_rs, a_ks, b_ks, y_rs, acc, tail):
     return _indirect_call(NARGS)
-
-
-@intrinsic
-def _transpose(typingctx, addr, src, src_rs, dst, dst_rs, nr, nc, sl):
-    return _indirect_call(7)
 
 
 @njit(**JIT)

@@ -63,7 +63,8 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ._jit_common import JIT, _dotkernel, _stencil, copy_elems, gather_strided, stack_registers, stencil_key
+from ._jit_common import (JIT, _dotkernel, _stencil, _transpose, copy_elems, gather_strided, stack_registers,
+                          stencil_key)
 
 FOLD = 4         # lanes left by the halving fold of the weight gradient, added in float64
 from .depthwise import LANES as R     # weight-gradient lanes (positions p % R)
@@ -632,13 +633,32 @@ _cl_registers = stack_registers(CB)
 
 
 @njit(nogil=True, cache=True)
-def _to_rows(src, c_lo, cnt, dst):
-    """dst[p, j] = src[c_lo + j, p] (src: (C, P) of one image).
+def _to_rows(src, c_lo, cnt, dst, taddr, lanes):
+    """dst[p, j] = src[c_lo + j, p] (src: (C, P) of one image, its rows any stride).
 
-    Positions outer, channels inner: each position writes one contiguous row of ``dst``
+    With ``taddr`` (float32 and the compiled micro-kernels) in ``lanes x lanes`` blocks
+    through the compiled transpose (``_ukernel.transpose_ir``; lanes past ``cnt`` up to
+    the block's end written as zeros, which the tap loops never write out): one thread,
+    whole public calls, us, element loops / blocks: mobilenet conv4_2/dw data gradient
+    118-125 / 78, forward 89-95 / 55-59; conv5_1/dw 105-108 / 66-79 and 107 / 66-81;
+    conv6/dw 54-57 / 45-47 and 57-62 / 45-47 (weight gradients, one transpose of three
+    copies, 1.0-1.1x). Else
+    positions outer, channels inner: each position writes one contiguous row of ``dst``
     and reads ``cnt`` source rows that stay in L1 for the next positions (channels outer
     wrote a cache line per element, over a block larger than L1: 2.2x slower, measured on
     256 channels x 784 positions)."""
+    if taddr:
+        item = src.itemsize
+        s_rs = src.strides[0] // item
+        sa = src.ctypes.data + item * c_lo * s_rs
+        da = dst.ctypes.data
+        d_rs = dst.shape[1]
+        npos = src.shape[1]
+        for j0 in range(0, cnt, lanes):
+            for p0 in range(0, npos, lanes):
+                _transpose(taddr, sa + item * (j0 * s_rs + p0), s_rs, da + item * (p0 * d_rs + j0), d_rs,
+                           min(lanes, cnt - j0), min(lanes, npos - p0), lanes)
+        return
     blk = src[c_lo:c_lo + cnt]                      # (sliced first: an index ``c_lo + j``
     for p in range(src.shape[1]):                   # keeps numba's negative-index check)
         d = dst[p]
@@ -647,8 +667,22 @@ def _to_rows(src, c_lo, cnt, dst):
 
 
 @njit(nogil=True, cache=True)
-def _from_rows(src, cnt, dst, c_lo, step):
-    """dst[c_lo + j*step, p] = src[p, j] (positions outer, as ``_to_rows``)."""
+def _from_rows(src, cnt, dst, c_lo, step, taddr, lanes):
+    """dst[c_lo + j*step, p] = src[p, j] (as ``_to_rows``: compiled blocks with ``taddr``,
+    else positions outer)."""
+    if taddr:
+        item = src.itemsize
+        s_rs = src.shape[1]
+        npos = dst.shape[1]
+        d_rs = step * npos
+        sa = src.ctypes.data
+        da = dst.ctypes.data + item * c_lo * npos
+        for p0 in range(0, npos, lanes):
+            nr = min(lanes, npos - p0)
+            for j0 in range(0, cnt, lanes):
+                _transpose(taddr, sa + item * (p0 * s_rs + j0), s_rs, da + item * (j0 * d_rs + p0), d_rs, nr,
+                           min(lanes, cnt - j0), nr)
+        return
     blk = dst[c_lo:c_lo + (cnt - 1) * step + 1:step]
     for p in range(dst.shape[1]):
         s = src[p]
@@ -709,7 +743,7 @@ def _cl_forward_taps(xt, wt, yt, ow_lo, ow_hi, geo, d_in, h_in, w_in, od_n, oh_n
 
 
 @njit(nogil=True, cache=True)
-def forward_cl(x, xc0, w, y, yc0, c0, c1, geo):
+def forward_cl(x, xc0, w, y, yc0, c0, c1, geo, taddr, lanes):
     n_img = x.shape[0]
     d_in, h_in, w_in = x.shape[2], x.shape[3], x.shape[4]
     od_n, oh_n, ow_n = y.shape[2], y.shape[3], y.shape[4]
@@ -726,13 +760,13 @@ def forward_cl(x, xc0, w, y, yc0, c0, c1, geo):
     for n in range(n_img):
         for b0 in range(c0, c1, CB):
             cnt = min(CB, c1 - b0)
-            _to_rows(xf[n], b0 - xc0, cnt, xt)
+            _to_rows(xf[n], b0 - xc0, cnt, xt, taddr, lanes)
             for m in range(mult):
                 for t in range(n_taps):
                     for j in range(cnt):
                         wt[t, j] = wf[(b0 + j) * mult + m, t]
                 _cl_forward_taps(xt, wt, yt, ow_lo, ow_hi, geo, d_in, h_in, w_in, od_n, oh_n, ow_n, kd_n, kh_n, kw_n)
-                _from_rows(yt, cnt, yf[n], b0 * mult + m - yc0, mult)
+                _from_rows(yt, cnt, yf[n], b0 * mult + m - yc0, mult, taddr, lanes)
 
 
 @njit(nogil=True, cache=True)
@@ -785,7 +819,7 @@ def _cl_data_taps(dyt, wt, dxt, d_of, h_of, col_of, oh_n, ow_n):
 
 
 @njit(nogil=True, cache=True)
-def backward_data_cl(dy, dyc0, w, dx, dxc0, c0, c1, geo):
+def backward_data_cl(dy, dyc0, w, dx, dxc0, c0, c1, geo, taddr, lanes):
     n_img = dx.shape[0]
     d_in, h_in, w_in = dx.shape[2], dx.shape[3], dx.shape[4]
     od_n, oh_n, ow_n = dy.shape[2], dy.shape[3], dy.shape[4]
@@ -807,12 +841,12 @@ def backward_data_cl(dy, dyc0, w, dx, dxc0, c0, c1, geo):
             cnt = min(CB, c1 - b0)
             dxt[:] = 0
             for m in range(mult):
-                _to_rows(dyf[n, b0 * mult + m - dyc0::mult], 0, cnt, dyt)
+                _to_rows(dyf[n, b0 * mult + m - dyc0::mult], 0, cnt, dyt, taddr, lanes)
                 for t in range(n_taps):
                     for j in range(cnt):
                         wt[t, j] = wf[(b0 + j) * mult + m, t]
                 _cl_data_taps(dyt, wt, dxt, d_of, h_of, col_of, oh_n, ow_n)
-            _from_rows(dxt, cnt, dxf[n], b0 - dxc0, 1)
+            _from_rows(dxt, cnt, dxf[n], b0 - dxc0, 1, taddr, lanes)
 
 
 @njit(nogil=True, cache=True)
@@ -867,7 +901,7 @@ def _cl_group(acc, rows, dyf, xpf, offs, jlo, outs, q, geo):
 
 
 @njit(nogil=True, cache=True)
-def backward_weights_cl(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
+def backward_weights_cl(x, xc0, dy, dyc0, dw_out, c0, c1, geo, taddr, lanes):
     """Per block of CB channels and image: x transposed into a zero-padded grid (cells
     ``q_a = (O_a - 1)*s_a + (K_a - 1)*d_a + 1`` per axis, cell ``c`` holds input ``c - p_a``),
     so tap ``k`` of output ``o`` is cell ``o*s + k*d`` with no bounds test, and then
@@ -897,7 +931,7 @@ def backward_weights_cl(x, xc0, dy, dyc0, dw_out, c0, c1, geo):
         for n in range(n_img):
             _to_padded_rows(x[n], b0 - xc0, cnt, xp, q, geo)
             for m in range(mult):
-                _to_rows(dyf[n, b0 * mult + m - dyc0::mult], 0, cnt, dyt[m])
+                _to_rows(dyf[n, b0 * mult + m - dyc0::mult], 0, cnt, dyt[m], taddr, lanes)
             for m in range(mult):
                 dym = dyt[m].reshape(dyt.shape[1] * CB)
                 for t0 in range(0, n_taps, TB):

@@ -115,3 +115,9 @@ def _stencil(typingctx, addr, key, x, w, y, npos, x_rs, x_cs, y_rs):
 def stencil_key(KH, KW, U, accumulate):
     """``_ukernel.stencil_key`` in compiled code (the same formula: checked by a test)."""
     return ((KH * 8 + KW) * 8 + U) * 2 + (1 if accumulate else 0)
+
+
+@intrinsic
+def _transpose(typingctx, addr, src, src_rs, dst, dst_rs, nr, nc, sl):
+    """The compiled ``V x V`` block transpose at ``addr`` (``_ukernel.transpose_ir``)."""
+    return _indirect_call(7)

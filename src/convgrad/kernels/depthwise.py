@@ -329,6 +329,13 @@ def _stencil_plan(spec: ConvSpec, flip: bool, kh_max: int, kw_max: int) -> tuple
 _NO_STENCIL = (0, np.zeros((0, 6), dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
+def _transpose_args(dtype) -> tuple[int, int]:
+    """(address, lanes) of the compiled block transpose for the channels-last blocks in
+    float32 where the micro-kernels run, else (0, 0): the numba element loops."""
+    compiled = _micro_kernels() if dtype == np.float32 else None
+    return (compiled.transpose_address, compiled.lanes) if compiled is not None else (0, 0)
+
+
 def _stencil_args(spec: ConvSpec, direction: str, dtype, cl: bool) -> tuple:
     """(address, calls, taps) of the compiled stencil for a stride-1 phase-grid forward or
     data gradient in float32 where the micro-kernels run, else the numba taps (address 0).
@@ -408,7 +415,7 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
     def work(b):
         x, xc0 = get_x(*b)
         if cl:
-            jit.forward_cl(x, xc0, w, dst, 0, b[0], b[1], geo)
+            jit.forward_cl(x, xc0, w, dst, 0, b[0], b[1], geo, *_transpose_args(dtype))
         else:
             jit.forward(x, xc0, w, dst, 0, b[0], b[1], geo, *stencil)
     run_each(work, blocks, workers)
@@ -434,7 +441,7 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     def work(b):
         dy, dyc0 = get_dy(*b)
         if cl:
-            jit.backward_data_cl(dy, dyc0, w, dsrc, 0, b[0], b[1], geo)
+            jit.backward_data_cl(dy, dyc0, w, dsrc, 0, b[0], b[1], geo, *_transpose_args(dtype))
         else:
             jit.backward_data(dy, dyc0, w, dsrc, 0, b[0], b[1], geo, *stencil)
     run_each(work, blocks, workers)
@@ -464,7 +471,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
         x, xc0 = get_x(*b)
         dy, dyc0 = get_dy(*b)
         if cl:
-            jit.backward_weights_cl(x, xc0, dy, dyc0, dw, b[0], b[1], geo)
+            jit.backward_weights_cl(x, xc0, dy, dyc0, dw, b[0], b[1], geo, *_transpose_args(dtype))
         else:
             jit.backward_weights(x, xc0, dy, dyc0, dw, b[0], b[1], geo, addr, *plan, DOT_CHUNK)
     run_each(work, blocks, workers)
