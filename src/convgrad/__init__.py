@@ -14,6 +14,8 @@ Front-ends with each framework's own names: ``convgrad.onednn``, ``convgrad.open
 from .dispatch import (ALGORITHMS, DEFAULT_WORKSPACE_LIMIT, choose_algorithm, get_workspace_limit,
                        set_workspace_limit, workspace_limit)
 from .errors import ConvError, ConvTypeError, ConvValueError, WorkspaceError
+from .kernels.results import (DEFAULT_RESULT_CACHE_LIMIT, get_result_cache_limit, release_result_cache,
+                              result_cache_limit, set_result_cache_limit)
 from .ops import conv_backward_data, conv_backward_weights, conv_forward
 from .spec import ConvSpec, forward_size, make_spec, transposed_size
 from .threads import get_num_threads, set_num_threads
@@ -33,8 +35,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'convgrad' has no attribute {name!r}")
 
 __all__ = [
-    "ALGORITHMS", "DEFAULT_WORKSPACE_LIMIT", "ConvError", "ConvSpec", "ConvTypeError", "ConvValueError",
+    "ALGORITHMS", "DEFAULT_RESULT_CACHE_LIMIT", "DEFAULT_WORKSPACE_LIMIT", "ConvError", "ConvSpec", "ConvTypeError", "ConvValueError",
     "WorkspaceError", "choose_algorithm", "conv_backward_data", "conv_backward_weights", "conv_forward",
-    "forward_size", "get_num_threads", "get_workspace_limit", "set_num_threads", "make_spec", "set_workspace_limit", "transposed_size",
-    "workspace_limit", "__version__",
+    "forward_size", "get_num_threads", "get_result_cache_limit", "get_workspace_limit", "set_num_threads", "make_spec", "release_result_cache",
+    "result_cache_limit", "set_result_cache_limit", "set_workspace_limit", "transposed_size", "workspace_limit",
+    "__version__",
 ]

@@ -646,11 +646,13 @@ def _time(call, warmup: int, reps: int, max_seconds: float) -> list[float]:
 
 def _peak_bytes(call) -> int:
     """Peak bytes NumPy allocated during one call (temporaries and the result; the block
-    buffers threads keep between calls are dropped first, so they are counted)."""
+    buffers threads keep between calls and the cached result buffers are dropped first, so
+    they are counted)."""
     import tracemalloc
 
-    from .kernels import gemm
+    from .kernels import gemm, results
     gemm.release_scratch()
+    results.release_result_cache()
     tracemalloc.start()
     try:
         tracemalloc.reset_peak()

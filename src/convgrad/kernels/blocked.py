@@ -77,7 +77,7 @@ import numpy as np
 from .. import threads
 from ..errors import WorkspaceError
 from ..spec import ConvSpec
-from . import _ukernel, depthwise
+from . import _ukernel, depthwise, results
 from .gemm import _scratch, flipped_spec, guided_chunks, pointwise_spec, run_each
 
 # Bytes of one block of weights (taps x a chunk of input channels x 64 output channels)
@@ -350,7 +350,7 @@ def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspac
     rows_dst = math.prod(fspec.dst[:-1])
     wout = fspec.dst[-1]
     ycl = _scratch("blocked_y", (fspec.mb, rows_dst, wout, g * ogp), np.float32)
-    y = np.empty((fspec.mb, g * og, rows_dst, wout), dtype=np.float32)
+    y = results.empty((fspec.mb, g * og, rows_dst, wout), np.float32)
     geo = np.array((g, cg, ogp, wp, wout, fspec.kernel[-1], fspec.strides[-1], fspec.dilations[-1],
                     rows_dst, rows_src), dtype=np.int64)
     cb = max(1, min(cg, WEIGHT_BLOCK_BYTES // (4 * t * obw)))
@@ -392,7 +392,7 @@ def _pointwise(spec: ConvSpec, a: np.ndarray, b: np.ndarray, transposed: bool, w
     m, k = (spec.icg, spec.ocg) if transposed else (spec.ocg, spec.icg)
     hw = math.prod(spec.src)
     a, b = _f32(a), _f32(b)
-    y = np.empty((spec.mb, g * m) + spec.src, dtype=np.float32)
+    y = results.empty((spec.mb, g * m) + spec.src, np.float32)
     pblk = max(obw, min(16 * obw, POINTWISE_BLOCK_BYTES // (4 * k) // obw * obw))
     # A_g[m, k] = W[g*K + k, m] (transposed: m along a row) or W[g*M + m, k]
     a_rs, a_ks, a_gs = (1, m, k * m) if transposed else (k, 1, m * k)
@@ -424,7 +424,7 @@ def _line(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspace_l
     pblk = max(c.ob_max * c.lanes, min(1 << 14, POINTWISE_BLOCK_BYTES // (4 * k)))
     _check_conversions(fspec, direction, workspace_limit, x, w, extra=4 * k * (pblk + halo) * threads.get_num_threads())
     x, w = _f32(x), _f32(w)
-    y = np.empty(fspec.dst_shape, dtype=np.float32)
+    y = results.empty(fspec.dst_shape, np.float32)
     geo = np.array((g, m, k, t, d, pb, fspec.src[0], fspec.dst[0], int(flip), pblk), dtype=np.int64)
     items = fspec.mb * -(-fspec.dst[0] // pblk)
     workers = _workers(fspec)
@@ -454,7 +454,7 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
         return _pointwise(spec, weights, diff_dst, True, workspace_limit, "bwd_data")
     sub = strided_pointwise(spec)
     if sub is not None:                       # the read cells' gradient; zero elsewhere
-        dx = np.zeros(spec.src_shape, dtype=np.float32)
+        dx = results.zeros(spec.src_shape, np.float32)
         dx[_sampled_cells(spec)] = _pointwise(sub, weights, diff_dst, True, workspace_limit, "bwd_data")
         return dx
     fspec = flipped_spec(spec)

@@ -36,6 +36,7 @@ import numpy as np
 from .. import threads
 from ..errors import WorkspaceError
 from ..spec import ConvSpec
+from . import results
 from .gemm import geometry, run_each
 
 # Below this much work a call runs on the calling thread alone; work counts the
@@ -402,7 +403,7 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
     dtype = np.dtype(dtype)
     x_shape = (spec.mb, spec.ic) + _as3d(spec.src, 0)
     y_shape = (spec.mb, spec.oc) + _as3d(spec.dst, 0)
-    dst = np.empty(y_shape, dtype=dtype)
+    dst = results.empty(y_shape, dtype)
     w = _weights4(spec, weights, dtype)
     geo = _geo(spec)
     cl = channels_last(spec, "fwd")
@@ -428,7 +429,7 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     dtype = np.dtype(dtype)
     x_shape = (spec.mb, spec.ic) + _as3d(spec.src, 0)
     y_shape = (spec.mb, spec.oc) + _as3d(spec.dst, 0)
-    dsrc = np.empty(x_shape, dtype=dtype)
+    dsrc = results.empty(x_shape, dtype)
     w = _weights4(spec, weights, dtype)
     geo = _geo(spec)
     cl = channels_last(spec, "bwd_data")

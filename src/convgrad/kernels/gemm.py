@@ -87,6 +87,7 @@ import numpy as np
 from ..errors import WorkspaceError
 from .. import threads
 from ..spec import ConvSpec
+from . import results
 from .blas import available as blas_available
 from .blas import matmul_into
 
@@ -269,9 +270,10 @@ def _make_blocks(geom: PhaseGeometry, direction: str, algorithm: str, per: int, 
     return [Block(n, 1, r0, r1, False) for n in range(spec.mb) for r0, r1 in zip(cuts, cuts[1:])]
 
 
-def _result(shape: tuple[int, ...], dtype, zeroed: bool) -> np.ndarray:
-    """A fresh result array, zeroed or not (the tests poison the ones that are not)."""
-    return (np.zeros if zeroed else np.empty)(shape, dtype=dtype)
+def _result(shape: tuple[int, ...], dtype, zeroed: bool) -> tuple[np.ndarray, bool]:
+    """A result array and whether it holds zeros (``results.take``; the tests poison the
+    ones that do not)."""
+    return results.take(shape, dtype, zeroed)
 
 
 def _block_src_rows(geom: PhaseGeometry, b: Block) -> slice:
@@ -940,6 +942,9 @@ class _Worker:
                     fut.set_result(fn())
                 except BaseException as e:   # noqa: BLE001 - handed to the caller
                     fut.set_exception(e)
+            # drop the task now, not at the next one: its closure holds the call's arrays,
+            # and a result kept alive here stays out of ``results``' cache
+            del fn, fut
 
     def place(self, cpu: int | None) -> None:
         """Pin to ``cpu``; None: unpin (the caller's allowed CPUs) if pinned."""
@@ -1152,7 +1157,8 @@ def _run_blocks(work, blocks: list, worst: int, workspace_limit: int, product: t
 
 # Allocations of at least this many bytes get fresh pages from the system (glibc's largest
 # dynamic mmap threshold on 64-bit hosts), zeroed by it when first touched: np.zeros costs
-# no pass over them, so a data gradient this large is not zeroed again by its blocks.
+# no pass over them, so a data gradient this large asks ``results.take`` for zeros (fresh
+# or cached memory; its blocks zero their rows only when it comes from the cache).
 FRESH_PAGES_BYTES = 32 << 20
 
 # Copies of at least this many bytes run in pieces on the thread pool.
@@ -1205,7 +1211,7 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
             return done
     geom = geometry(spec)
     g, cg, og, t = spec.groups, spec.icg, spec.ocg, len(geom.taps)
-    dst = np.empty(spec.dst_shape, dtype=dtype)
+    dst = results.empty(spec.dst_shape, dtype)
     blocks, worst = _plan(geom, "fwd", algorithm, dtype, workspace_limit, rows_target)
     if algorithm == "im2col":
         w_cols = _weights(spec, weights, (0, 1, 2, 3), dtype).reshape(g, og, cg * t)
@@ -1463,8 +1469,11 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     # ``taps`` blocks zero their own rows just before they write them (``_block_src_rows``),
     # except for results so large that the allocator maps fresh pages, which come zeroed
     nbytes = math.prod(spec.src_shape) * np.dtype(dtype).itemsize
-    zero_rows = algorithm != "im2col" and not pointwise and nbytes < FRESH_PAGES_BYTES
-    dsrc = _result(spec.src_shape, dtype, zeroed=not (pointwise or zero_rows))
+    rows = algorithm != "im2col" and not pointwise
+    dsrc, zero = _result(spec.src_shape, dtype, zeroed=not (pointwise or rows) or nbytes >= FRESH_PAGES_BYTES)
+    if algorithm == "im2col" and not zero:
+        dsrc.fill(0)
+    zero_rows = rows and not zero
     blocks, worst = _plan(geom, "bwd_data", algorithm, dtype, workspace_limit, rows_target)
     if algorithm == "im2col":
         # (G, Cg*T, Og) as the transpose of the weights' own (G, Og, Cg*T) layout: BLAS reads
@@ -1535,9 +1544,9 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
         # write theirs (rows no phase reaches stay zero): a serial np.zeros of the whole
         # result cost 1.8 ms of 12 for resnet_50 res4a_branch2a (30 MB, stride 2, where
         # three of the four phases have no tap) and left the rows cold for the scatter. A
-        # result of FRESH_PAGES_BYTES or more keeps np.zeros: its pages come zeroed from the
-        # system, and zeroing them again doubled the writes (res3a_branch2a, 61 MB: 17.4 ->
-        # 19.2 ms median).
+        # result whose memory is known to be zero (fresh pages: ``results.take``, or
+        # np.zeros from FRESH_PAGES_BYTES up with the result cache off) is not zeroed again:
+        # that doubled the writes (res3a_branch2a, 61 MB: 17.4 -> 19.2 ms median).
         if zero_rows:
             dsrc[(slice(b.n0, b.n0 + b.nb), slice(None), _block_src_rows(geom, b))] = 0
         rows0 = _grid_rows(geom, b)

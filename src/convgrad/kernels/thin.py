@@ -56,7 +56,7 @@ import numpy as np
 from .. import threads
 from ..errors import WorkspaceError
 from ..spec import ConvSpec
-from . import depthwise
+from . import depthwise, results
 from .gemm import flipped_spec, guided_chunks, run_each
 
 # Bytes of one tile's input buffer (every input channel of a group, ``tile + halo`` cells
@@ -232,7 +232,7 @@ def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, *, dtype, workspace_
     pad = 3 - fspec.nsp
     xspec = fspec if phases_of is None else phases_of
     x3 = x.reshape((xspec.mb, xspec.ic) + (1,) * pad + xspec.src)
-    y = np.empty((fspec.mb, fspec.oc) + (1,) * pad + fspec.dst, dtype=dtype)
+    y = results.empty((fspec.mb, fspec.oc) + (1,) * pad + fspec.dst, dtype)
     w3 = w.reshape(fspec.groups, fspec.ocg, fspec.icg * math.prod(fspec.kernel))
     if phases_of is None:
         live, pgeo = np.arange(w3.shape[2], dtype=np.int64), np.zeros(0, dtype=np.int64)
@@ -355,7 +355,7 @@ def _phased_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndar
     if _not_finite(dph):
         return _fallback(spec, "bwd_data", diff_dst, weights, dtype, workspace_limit)
     # every input cell is one phase cell (cells no phase cell reaches are read by no tap)
-    out = np.empty(spec.src_shape, dtype=dtype)
+    out = results.empty(spec.src_shape, dtype)
     shape3, phase3 = _phase_shapes(spec, pspec)
     out3, dph3, geo = out.reshape(shape3), dph.reshape(phase3), _phase_geo(spec)
     _by_pairs(spec, lambda k0, k1: _jit().phase_merge(dph3, geo, out3, k0, k1))
