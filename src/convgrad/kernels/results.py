@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
+import os
 import threading
 import weakref
 from typing import Iterator
@@ -37,6 +38,16 @@ _lock = threading.Lock()
 _free: list[np.ndarray] = []                 # unused raw buffers, oldest first
 _returned: collections.deque = collections.deque()   # handed back while _lock was busy
 _stats = {"hits": 0, "misses": 0}
+
+
+def _after_fork() -> None:
+    # another thread may have held the lock at the fork: the child gets a fresh one
+    global _lock
+    _lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def get_result_cache_limit() -> int:
