@@ -210,6 +210,7 @@ def test_transpose_kernel(lanes):
     host = _ukernel._features()
     built = _ukernel.compiled() if host[2] == lanes else _ukernel.Compiled(host[0], host[1], lanes)
     call = ctypes.CFUNCTYPE(None, *([ctypes.c_int64] * 7))(built.transpose_address)
+    pairs = ctypes.CFUNCTYPE(None, *([ctypes.c_int64] * 7))(built.transpose_pairs_address)
     rng = np.random.default_rng(15)
     for nr in range(lanes + 1):
         for nc in range(lanes + 1):
@@ -221,6 +222,36 @@ def test_transpose_kernel(lanes):
                 want[:nc, 2:2 + sl] = 0.0
                 want[:nc, 2:2 + nr] = src[:nr, 3:3 + nc].T
                 assert np.array_equal(dst, want), (nr, nc, sl)
+                # every other column (a stride-2 gather), in place of the same block
+                dst[:] = 7.0
+                pairs(src.ctypes.data + 4 * 3, 41, dst.ctypes.data + 4 * 2, 29, nr, nc, sl)
+                want[:nc, 2:2 + nr] = src[:nr, 3:3 + 2 * nc:2].T
+                assert np.array_equal(dst, want), ("pairs", nr, nc, sl)
+
+
+@needs_blocked
+def test_transpose_pairs_reads_only_the_cells_it_gathers():
+    """The stride-2 transpose reads source elements up to ``2*nc - 2`` of a row, never the
+    one after: a row that ends right before an unreadable page gives no fault."""
+    import ctypes
+    import mmap
+    lanes = _ukernel.compiled().lanes
+    call = ctypes.CFUNCTYPE(None, *([ctypes.c_int64] * 7))(_ukernel.compiled().transpose_pairs_address)
+    page = mmap.PAGESIZE
+    region = mmap.mmap(-1, 2 * page, flags=mmap.MAP_PRIVATE)
+    base = ctypes.addressof(ctypes.c_char.from_buffer(region))
+    assert ctypes.CDLL(None).mprotect(ctypes.c_void_p(base + page), page, 0) == 0    # PROT_NONE
+    try:
+        for nc in (1, 5, lanes):
+            cells = 2 * nc - 1
+            row = np.frombuffer(region, np.float32, count=cells, offset=page - 4 * cells)
+            row[:] = np.arange(cells)
+            dst = np.zeros((lanes, lanes), np.float32)
+            call(base + page - 4 * cells, 0, dst.ctypes.data, lanes, 1, nc, 1)
+            assert np.array_equal(dst[:nc, 0], np.arange(0, cells, 2)), nc
+            del row
+    finally:
+        ctypes.CDLL(None).mprotect(ctypes.c_void_p(base + page), page, 3)       # PROT_READ | WRITE
 
 
 @needs_blocked
@@ -295,6 +326,24 @@ def test_blocked_strided_pointwise(rules_of_a_512_bit_host):
         unread = np.ones(spec.src_shape, dtype=bool)
         unread[blocked._sampled_cells(spec)] = False
         assert not got["bwd_data"][unread].any()
+    # stride 2 along the last axis: the weight gradient's copies gather the cells read
+    # (``compressed_spec``): both parities of the width, 1-3 axes, a kernel taller than 1,
+    # groups, and weights too large to stream (whole copies, no gather)
+    for spec in (_spec(2, 6, 20, 1, (29, 35), (1, 1), (1, 2), (1, 1), (0, 0), (0, 0)),
+                 _spec(2, 6, 20, 1, (30, 36), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),
+                 _spec(3, 12, 33, 3, (9, 7, 45), (1, 1, 1), (2, 1, 2), (1, 1, 1), (0, 0, 0), (0, 0, 0)),
+                 _spec(9, 8, 70, 2, (391,), (1,), (2,), (1,), (0,), (0,)),
+                 _spec(2, 16, 24, 1, (19, 40), (3, 1), (2, 2), (1, 1), (1, 0), (1, 0)),
+                 _spec(1, 40, 24, 1, (23, 23), (2, 1), (1, 2), (2, 1), (0, 0), (0, 0))):
+        cspec = blocked.compressed_spec(spec)
+        assert cspec is not None and cspec.dst == spec.dst and cspec.src[-1] == spec.dst[-1]
+        assert cspec.src[:-1] == spec.src[:-1] and cspec.strides[-1] == 1
+        assert blocked._weight_parts(cspec)[0], spec
+        _check(spec, rng, tag="strided 1x1")
+        _same_bits_on_one_and_two_threads(spec)
+    big = _spec(1, 1024, 1024, 1, (6, 6), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))
+    assert not blocked._weight_parts(blocked.compressed_spec(big))[0]
+    _check(big, rng, tag="strided 1x1")
     r3a = _spec(4, 256, 128, 1, (56, 56), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))
     r4a = _spec(4, 512, 1024, 1, (28, 28), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))
     assert cg.choose_algorithm(r3a, "bwd_data") == "blocked"
@@ -543,8 +592,9 @@ def test_blocked_dispatch_rule_256_bit():
 
 def test_blocked_dispatch_rule_amd_zen_avx512():
     """On an AMD Zen with AVX-512 (LLVM ``znver*``) the 512-bit rules, less what lost there
-    to OpenBLAS: 1x1 weight gradients on the streamed channels-last path (stride 1, and
-    strided beyond 384 channels), strided 1x1 data gradients, multi-tap data gradients with
+    to OpenBLAS: 1x1 weight gradients on the streamed channels-last path (stride 1; strided
+    ones that do not stream in WEIGHT_PARTS parts, or beyond 384 channels where their copies
+    cannot gather the cells read), strided 1x1 data gradients, multi-tap data gradients with
     weights above 16x the activations (pure: no host needed)."""
     def pays(spec, cpu="znver5"):
         return [d for d in dispatch.DIRECTIONS if dispatch.blocked_pays(spec, d, 512, cpu)]
@@ -555,7 +605,9 @@ def test_blocked_dispatch_rule_amd_zen_avx512():
     narrow_1x1 = _spec(38, 64, 64, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))          # dot kernel
     wide_1x1 = _spec(9, 64, 256, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))            # streamed
     r3a = _spec(19, 256, 128, 1, (56, 56), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))               # 384 channels
-    r3a_b1 = _spec(4, 256, 512, 1, (56, 56), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))             # 768
+    r3a_b1 = _spec(4, 256, 512, 1, (56, 56), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))             # 768, 8 parts
+    r4a_b1 = _spec(4, 512, 1024, 1, (28, 28), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))            # 2 parts
+    s3 = _spec(4, 256, 512, 1, (56, 56), (1, 1), (3, 3), (1, 1), (0, 0), (0, 0))                 # no gather
     assert pays(resnet) == pays(resnet, "skylake-avx512") == list(dispatch.DIRECTIONS)
     assert pays(unet7) == pays(unet7, "") == ["bwd_data", "bwd_weights"]       # the forward's limit is 4x
     assert "bwd_data" in pays(heavy, "icelake-server") and "bwd_data" not in pays(heavy)
@@ -563,7 +615,9 @@ def test_blocked_dispatch_rule_amd_zen_avx512():
     assert "bwd_weights" in pays(wide_1x1, "") and "bwd_weights" not in pays(wide_1x1)
     assert "fwd" in pays(wide_1x1) and "bwd_data" in pays(wide_1x1)
     assert pays(r3a, "") == ["bwd_data", "bwd_weights"] and pays(r3a) == ["bwd_weights"]
-    assert pays(r3a_b1) == [] and "bwd_weights" in pays(r3a_b1, "")
+    assert pays(r3a_b1) == ["bwd_weights"] and blocked.streamed_weights(blocked.compressed_spec(r3a_b1))
+    assert pays(r4a_b1) == []
+    assert blocked.compressed_spec(s3) is None and pays(s3) == [] and "bwd_weights" in pays(s3, "")
     assert pays(resnet, "znver3") == pays(resnet)                     # an AVX2 Zen runs 256-bit: its rules
     assert [d for d in dispatch.DIRECTIONS if dispatch.blocked_pays(resnet, d, 256, "znver5")] == ["fwd", "bwd_data"]
 

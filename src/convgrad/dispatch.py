@@ -457,7 +457,11 @@ def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
 #    192 channels: 64 -> 64 mb38 11.0 / 14.5, 32 -> 64 112^2 11.7 / 14.0, 64 -> 128 8.7 /
 #    8.6); strided ones stream where they have at most BLOCKED_ZEN_STRIDED_WEIGHTS_MAX_CHANNELS
 #    input + output channels: res3a_branch2a (256 -> 128) 12.3 / 16.0, but res3a_branch1
-#    (256 -> 512) 9.5 / 7.8, res4a_branch2a (512 -> 256) 11.4 / 9.6;
+#    (256 -> 512) 9.5 / 7.8, res4a_branch2a (512 -> 256) 11.4 / 9.6. Since their copies
+#    gather the cells read (``blocked.compressed_spec``; stride 2 along the last axis),
+#    those that stream in WEIGHT_PARTS parts: res3a_branch2a 4.1 / 5.6 (taps), res4a_branch2a
+#    3.8 / 4.1, res3a_branch1 (mb4) 2.6 / 2.6; not res4a_branch1 (2 parts) 3.9 / 2.6 or
+#    res5a_branch2a 6.7 / 4.0 (medians of 24 calls, the conditions above);
 #  - strided 1x1 data gradients lose: res3a_branch2a 16.7 / 14.6, res3a_branch1 7.8 / 6.9;
 #  - data gradients with weights above BLOCKED_ZEN_MAX_WEIGHT_RATIO times the copied
 #    elements lose: 3d_unet conv_8 (ratio 28) 15.5 / 8.4 (im2col); conv_7 (11) wins 3.2 /
@@ -471,7 +475,12 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
         return False
     if _prod(spec.kernel) == 1:
         if blocked.strided_pointwise(spec) is not None:         # (the forward already loses)
-            return direction == "bwd_weights" and spec.icg + spec.ocg <= BLOCKED_ZEN_STRIDED_WEIGHTS_MAX_CHANNELS
+            if direction != "bwd_weights":
+                return False
+            cspec = blocked.compressed_spec(spec)
+            if cspec is not None:
+                return blocked.streamed_weights(cspec)
+            return spec.icg + spec.ocg <= BLOCKED_ZEN_STRIDED_WEIGHTS_MAX_CHANNELS
         return direction != "bwd_weights" or blocked.pointwise_weights(spec)
     if direction == "bwd_data":
         return _prod(spec.weights_shape) <= BLOCKED_ZEN_MAX_WEIGHT_RATIO * (

@@ -121,3 +121,17 @@ def stencil_key(KH, KW, U, accumulate):
 def _transpose(typingctx, addr, src, src_rs, dst, dst_rs, nr, nc, sl):
     """The compiled ``V x V`` block transpose at ``addr`` (``_ukernel.transpose_ir``)."""
     return _indirect_call(7)
+
+
+@intrinsic
+def _prefetch(typingctx, addr):
+    """Ask for the cache line at address ``addr`` ahead of its use (``llvm.prefetch``:
+    a read, kept in every cache level; a hint that never faults)."""
+    def codegen(context, builder, signature, args):
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.inttoptr(args[0], i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return types.void(types.int64), codegen

@@ -424,9 +424,18 @@ def transpose_ir(name: str, V: int) -> str:
                         _transpose_variant_ir(f"{name}_m", V, "masked", "internal"), "\n".join(entry)])
 
 
-def _transpose_variant_ir(name: str, V: int, mode: str, linkage: str) -> str:
+def transpose_pairs_ir(name: str, V: int) -> str:
+    """IR of ``name(src, src_rs, dst, dst_rs, nr, nc, sl)``: ``transpose_ir``'s masked copy
+    reading every other element of the source rows, ``dst[j*dst_rs + i] = src[i*src_rs +
+    2*j]`` (a stride-2 gather folded into the transpose: two masked loads of a row, which
+    read only ``src[.. 2*nc - 2]``, and one two-source shuffle of their even lanes)."""
+    return _transpose_variant_ir(name, V, "masked", "", pairs=True)
+
+
+def _transpose_variant_ir(name: str, V: int, mode: str, linkage: str, pairs: bool = False) -> str:
     """One copy of the transpose: ``mode`` "masked" (any block), "rows" (``sl == V``:
-    masked loads, whole rows stored where ``j < nc``) or "plain" (a whole block)."""
+    masked loads, whole rows stored where ``j < nc``) or "plain" (a whole block);
+    ``pairs``: the source columns are ``2*j`` (masked only)."""
     vt = f"<{V} x float>"
     mt = f"<{V} x i1>"
     L: list[str] = []
@@ -442,10 +451,27 @@ def _transpose_variant_ir(name: str, V: int, mode: str, linkage: str) -> str:
         a(f"  %{m}v.0 = insertelement <{V} x i32> poison, i32 %{m}32, i64 0")
         a(f"  %{m}v = shufflevector <{V} x i32> %{m}v.0, <{V} x i32> poison, <{V} x i32> zeroinitializer")
         a(f"  %{m}m = icmp slt <{V} x i32> <{lanes}>, %{m}v")
+    if pairs:                                 # source elements 0 .. 2*nc - 2 of each row
+        upper = ", ".join(f"i32 {i + V}" for i in range(V))
+        even = ", ".join(f"i32 {2 * i}" for i in range(V))
+        a("  %pn.0 = shl i32 %nc32, 1")
+        a("  %pn = sub i32 %pn.0, 1")
+        a(f"  %pnv.0 = insertelement <{V} x i32> poison, i32 %pn, i64 0")
+        a(f"  %pnv = shufflevector <{V} x i32> %pnv.0, <{V} x i32> poison, <{V} x i32> zeroinitializer")
+        a(f"  %pam = icmp slt <{V} x i32> <{lanes}>, %pnv")
+        a(f"  %pbm = icmp slt <{V} x i32> <{upper}>, %pnv")
     for i in range(V):
         a(f"  %lo{i} = mul i64 %src_rs, {i}")
         a(f"  %lp{i} = getelementptr float, ptr %src, i64 %lo{i}")
-        if mode == "plain":
+        if pairs:
+            a(f"  %in{i} = icmp sgt i64 %nr, {i}")
+            a(f"  %la{i} = select i1 %in{i}, {mt} %pam, {mt} zeroinitializer")
+            a(f"  %lb{i} = select i1 %in{i}, {mt} %pbm, {mt} zeroinitializer")
+            a(f"  %lq{i} = getelementptr float, ptr %lp{i}, i64 {V}")
+            a(f"  %ra{i} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %lp{i}, i32 4, {mt} %la{i}, {vt} zeroinitializer)")
+            a(f"  %rb{i} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %lq{i}, i32 4, {mt} %lb{i}, {vt} zeroinitializer)")
+            a(f"  %r0_{i} = shufflevector {vt} %ra{i}, {vt} %rb{i}, <{V} x i32> <{even}>")
+        elif mode == "plain":
             a(f"  %r0_{i} = load {vt}, ptr %lp{i}, align 4")
         else:
             a(f"  %in{i} = icmp sgt i64 %nr, {i}")
@@ -526,6 +552,7 @@ def module_ir(V: int) -> str:
     parts += [_dot_variant_ir(f"dk_{R}_{J}", R, J, V) for R, J in dots]
     parts.append(_entry_ir("dotkernel", "dk", dots, DOT_NARGS))
     parts.append(transpose_ir("transpose", V))
+    parts.append(transpose_pairs_ir("transpose_pairs", V))
     entry, bodies = _stencil_entry_ir(V)
     parts += bodies + [entry]
     parts.append(f'attributes #0 = {{ nounwind "min-legal-vector-width"="{V * 32}" }}')
@@ -536,7 +563,8 @@ class Compiled:
     """The compiled module of this host: ``address`` of ``ukernel``, ``lanes`` (V),
     the largest square-ish tile ``(r_max, ob_max)`` and the most rows per vector count
     ``r_limits``; ``dot_address`` of ``dotkernel`` and its largest
-    tile ``(dot_r_max, dot_j_max)``; ``transpose_address`` of ``transpose`` (``transpose_ir``);
+    tile ``(dot_r_max, dot_j_max)``; ``transpose_address`` of ``transpose`` (``transpose_ir``),
+    ``transpose_pairs_address`` of ``transpose_pairs`` (``transpose_pairs_ir``);
     ``stencil_address`` of ``stencil(key, ...)`` (``stencil_key``).
     Holds the execution engine (the code lives as
     long as it does)."""
@@ -559,6 +587,7 @@ class Compiled:
         self.address = self._engine.get_function_address("ukernel")
         self.dot_address = self._engine.get_function_address("dotkernel")
         self.transpose_address = self._engine.get_function_address("transpose")
+        self.transpose_pairs_address = self._engine.get_function_address("transpose_pairs")
         self.dot_r_max, self.dot_j_max = DOT_TILES[lanes]
         self.stencil_address = self._engine.get_function_address("stencil")
 
