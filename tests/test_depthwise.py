@@ -228,6 +228,75 @@ def test_direct_stride_two_rows_every_width_and_pad(monkeypatch):
 
 
 @needs_numba
+def test_up2_micro_kernel_every_variant():
+    """The compiled stride-2 data-gradient family (``_ukernel._up2_variant_ir``) against its
+    formula: every (R, A, U) variant, masks cutting the first and last vectors, nothing
+    stored outside ``[lo, hi)`` (the guard values stay)."""
+    import ctypes
+    from convgrad.kernels import _ukernel
+    built = _ukernel.compiled()
+    if built is None:
+        pytest.skip("the micro-kernels need an x86-64 CPU with AVX2 and FMA")
+    call = ctypes.CFUNCTYPE(None, *([ctypes.c_int64] * 9))(built.up2_address)
+    V, rng = built.lanes, np.random.default_rng(8)
+    for R in range(1, _ukernel.UP2_R + 1):
+        for A in range(1, _ukernel.UP2_A + 1):
+            for U in (1, _ukernel.UP2_U):
+                for nvec, lo, hi in ((1, 0, V), (3, 1, 3 * V - 3), (2, 5, V + 2)):
+                    x_rs, y_rs, x0 = 3 * V + 7, 4 * V + 3, 4 * (3 * V + 7) + 2
+                    x = rng.standard_normal(10 * x_rs).astype(np.float32)
+                    w = rng.standard_normal(2 * R * A).astype(np.float32)
+                    y = np.full(U * y_rs + V, -9.0, np.float32)
+                    call(_ukernel.up2_key(R, A, U), x.ctypes.data + 4 * x0, w.ctypes.data, y.ctypes.data, nvec, x_rs,
+                         y_rs, lo, hi)
+                    want = np.full_like(y, -9.0)
+                    for u in range(U):
+                        for i in range(lo, min(hi, nvec * V)):
+                            want[u * y_rs + i] = sum(float(w[(r * A + a) * 2 + i % 2]) * float(x[x0 + (u - r) * x_rs
+                                                     + i // 2 - a]) for r in range(R) for a in range(A))
+                    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5, err_msg=str((R, A, U, nvec, lo, hi)))
+
+
+@needs_numba
+def test_stride_two_data_gradient_straight_from_diff_dst(monkeypatch):
+    """The float32 data gradient of layers with stride 2 along the rows and one output
+    channel per input channel runs the compiled ``up2`` calls (``_up2_plan``) with no phase
+    grids: every width and front pad (a pair starting on either parity), kernels 1-4 wide
+    and 1-3 tall, stride 1 or 2 between rows (rows no tap reaches are zero), 1-D and 2-D,
+    huge pads; the plans the kernel does not cover keep the phase grids."""
+    monkeypatch.setattr(dwk, "SMALL_IMAGE", -1)
+    monkeypatch.setattr(dwk, "SMALL_IMAGE_BWD_WEIGHTS", -1)
+    if dwk._micro_kernels() is None:
+        pytest.skip("the micro-kernels need an x86-64 CPU with AVX2 and FMA")
+    rng = np.random.default_rng(78)
+    covered = 0
+    for w_in in range(5, 12):
+        for kw in (1, 2, 3, 4):
+            for pb in range(3):
+                for kh, sh, ph in ((1, 1, 0), (3, 2, 1), (2, 1, 1), (3, 1, 0), (1, 2, 0)):
+                    pe = (w_in + pb) % 2
+                    spec = _spec(2, 3, 1, (7, w_in), (kh, kw), (sh, 2), (1, 1), (ph, pb), (0, pe))
+                    if not feasible(spec.src, spec.kernel, (1, 1), spec.pads_begin, spec.pads_end):
+                        continue
+                    assert dwk._up2_args(spec, np.dtype(np.float32), False) is not None, str(spec)
+                    covered += 1
+                    _check(spec, rng, np.float32)
+    assert covered > 300
+    for spec in (_spec(1, 2, 1, (31,), (3,), (2,), (1,), (9,), (7,)),                 # huge pads, 1-D
+                 _spec(1, 4, 1, (40, 45), (3, 3), (2, 2), (1, 1), (1, 1), (0, 1)),
+                 _spec(2, 2, 1, (9, 30), (2, 4), (2, 2), (1, 1), (5, 6), (6, 2))):
+        assert dwk._up2_args(spec, np.dtype(np.float32), False) is not None
+        _check(spec, rng, np.float32)
+    for spec in (_spec(1, 2, 2, (9, 30), (3, 3), (2, 2), (1, 1), (1, 1), (0, 0)),     # multiplier 2
+                 _spec(1, 2, 1, (9, 30), (3, 3), (2, 2), (1, 2), (1, 1), (0, 0)),     # dilated rows
+                 _spec(1, 2, 1, (9, 30), (3, 5), (2, 2), (1, 1), (1, 1), (0, 0)),     # 5 wide
+                 _spec(1, 2, 1, (9, 30), (3, 3), (3, 2), (1, 1), (1, 1), (0, 0)),     # stride 3 between rows
+                 _spec(1, 2, 1, (4, 9, 30), (2, 3, 3), (1, 2, 2), (1, 1, 1), (0, 1, 1), (0, 0, 0))):
+        assert dwk._up2_args(spec, np.dtype(np.float32), False) is None
+        _check(spec, rng, np.float32)
+
+
+@needs_numba
 def test_direct_is_chosen_and_half_types_round_once():
     spec = _spec(2, 4, 2, (9, 8), (3, 2), (2, 1), (1, 2), (1, 0), (0, 1))
     for direction in dispatch.DIRECTIONS:

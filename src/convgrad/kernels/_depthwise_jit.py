@@ -39,10 +39,19 @@ mobilenet conv2_1/dw (32 x 112^2) data gradient 172-201 / 104, forward 156-162 /
 conv3_1/dw (128 x 56^2) 193-210 / 120-122 and 177-184 / 133-134; conv4_1/dw (256 x 28^2)
 119-120 / 100-103 and 121-144 / 111.
 
+The float32 data gradient of 1-D and 2-D layers with stride 2 along the rows (one output
+channel per input channel, kernels up to 4 wide; ``depthwise._up2_plan``, where the
+derivation is) skips the phase grids too: ``backward_data_up2`` places ``diff_dst`` in a
+zero-margined buffer and the compiled ``up2`` writes each dx row from it, both column
+phases of a pair from one doubled load (one thread, us, phase grids / up2: conv2_2/dw
+(64 x 112^2) 190-194 / 112-120, conv3_2/dw (128 x 56^2) 145-146 / 78-79).
+
 Order of every sum (fixed, independent of the chunking and of the thread count): fwd, taps
 row-major (in the stencil: block after block, row-major inside a block; a kernel of at
 most 3 x 3 taps is one block); bwd_data, ``m`` then the taps of the element's phase
-row-major (in the stencil: ``m``, then the mirrored taps block by block); bwd_weights in
+row-major (in the stencil: ``m``, then the mirrored taps block by block; in ``up2``: the
+kernel rows reaching the dx row in ascending order, then the element's taps along the row
+in ascending order); bwd_weights in
 float32 with the compiled micro-kernels (``_dot_taps``): per image and per planned call,
 chunks of ``DOT_CHUNK`` positions, each summed in the vector lanes from zero and the lanes
 added by a fixed halving tree, added to the tap's running sum chunk after chunk, image
@@ -63,7 +72,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ._jit_common import (JIT, _dotkernel, _stencil, _transpose, copy_elems, gather_strided, stack_registers,
+from ._jit_common import (JIT, _dotkernel, _stencil, _transpose, _up2, copy_elems, gather_strided, stack_registers,
                           stencil_key)
 
 FOLD = 4         # lanes left by the halving fold of the weight gradient, added in float64
@@ -454,6 +463,38 @@ def backward_data(dy, dyc0, w, dx, dxc0, c0, c1, geo, st_addr, st_calls, st_taps
                                order[starts[ph]:starts[ph + 1]], tap_phase, tap_off, -1, 0, m == 0)
             if not st_addr:
                 _write_dx(dx[n, c - dxc0], dp, total, q, nres, loc_r, loc_q, geo, row_map)
+
+
+@njit(nogil=True, cache=True)
+def backward_data_up2(dy, dyc0, w, dx, dxc0, c0, c1, addr, calls, widx, zero_rows, dims):
+    """The data gradient of a layer with stride 2 along its rows (``depthwise._up2_plan``,
+    one output channel per input channel), every dx row straight from ``diff_dst`` through
+    the compiled ``up2`` calls: per channel, ``diff_dst`` placed in a zero-margined buffer
+    (``dims``: row stride ``Wd``, left margin ``ML``), the calls' weight pairs gathered
+    (``widx``, -1 for a tap past the kernel), the rows no tap reaches zeroed. Call ``k``:
+    (key, buffer offset, weight offset, dx offset, dx row stride)."""
+    W, Wd, ML, nvec, lo, hi = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
+    OH, OW = dy.shape[3], dy.shape[4]
+    dyp = np.zeros(OH * Wd, dy.dtype)
+    wblk = np.zeros(max(1, widx.shape[0]), w.dtype)
+    pa = dyp.ctypes.data
+    wa = wblk.ctypes.data
+    item = dy.itemsize
+    for n in range(dx.shape[0]):
+        for c in range(c0, c1):
+            yf = dy[n, c - dyc0].reshape(OH * OW)
+            for o in range(OH):
+                copy_elems(dyp, o * Wd + ML, yf, o * OW, OW)
+            w2 = w[c].reshape(-1)
+            for k in range(widx.shape[0]):
+                wblk[k] = w2[widx[k]] if widx[k] >= 0 else 0.0
+            xf = dx[n, c - dxc0].reshape(-1)
+            for r in zero_rows:
+                xf[r * W:(r + 1) * W] = 0.0
+            xa = xf.ctypes.data
+            for k in range(calls.shape[0]):
+                _up2(addr, calls[k, 0], pa + item * calls[k, 1], wa + item * calls[k, 2], xa + item * calls[k, 3],
+                     nvec, Wd, calls[k, 4], lo, hi)
 
 
 _registers = stack_registers(TB * R)     # the register tile (``_jit_common``)

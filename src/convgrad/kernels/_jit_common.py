@@ -135,3 +135,10 @@ def _prefetch(typingctx, addr):
         builder.call(fn, [builder.inttoptr(args[0], i8p), i32(0), i32(3), i32(1)])
         return context.get_dummy_value()
     return types.void(types.int64), codegen
+
+
+@intrinsic
+def _up2(typingctx, addr, key, x, w, y, nvec, x_rs, y_rs, lo, hi):
+    """``up2(key, x, w, y, nvec, x_rs, y_rs, lo, hi)`` at ``addr`` (``_ukernel._up2_variant_ir``;
+    ``key`` from ``_ukernel.up2_key``)."""
+    return _indirect_call(9)

@@ -79,6 +79,10 @@ TRANSPOSE_NARGS = 7   # src, src_rs, dst, dst_rs, nr, nc, sl
 # compile instead of 0.96-1.06 without the family, with these two 1.40-1.49 s.
 STENCIL_KH, STENCIL_KW, STENCIL_U = 3, 3, 4
 STENCIL_NARGS = 7     # x, w, y, npos, x_rs, x_cs, y_rs
+# The stride-2 data-gradient family (``_up2_variant_ir``): up to UP2_R rows of taps, UP2_A
+# taps of each parity per row (kernels up to 2*UP2_A wide), UP2_U output rows per call.
+UP2_R, UP2_A, UP2_U = 3, 2, 4
+UP2_NARGS = 8         # x, w, y, nvec, x_rs, y_rs, lo, hi: see _up2_variant_ir
 NARGS = 13      # a, b, y, aoff, boff, ntaps, K, a_rs, a_ks, b_ks, y_rs, acc, tail
 
 
@@ -377,6 +381,97 @@ def _stencil_variant_ir(name: str, KH: int, KW: int, U: int, V: int, accumulate:
     return "\n".join(L)
 
 
+def _up2_variant_ir(name: str, R: int, A: int, U: int, V: int) -> str:
+    """One ``(R, A, U)`` variant of the stride-2 data-gradient family (``module_ir``):
+    output rows ``u < U`` at ``y + u*y_rs``, lane ``i`` of vector ``b < nvec`` the element
+    ``b*V + i``, stored where ``lo <= b*V + i < hi``, are
+
+        y[u*y_rs + 2p + e] = sum over r < R, a < A of w[(r*A + a)*2 + e] * x[(u - r)*x_rs + p - a]
+
+    (``e`` the lane's parity): each half vector of ``x`` is loaded once per term and its
+    elements doubled into both lanes of their pair (one shuffle), times the weight pair
+    repeated across the vector. A stride-2 data gradient along a row interleaves its two
+    phases this way with no phase grids: output column ``t = 2p + e`` (padded) reads
+    ``diff_dst[p - a]`` with kernel tap ``e + 2a``."""
+    vt = f"<{V} x float>"
+    ht = f"<{V // 2} x float>"
+    L: list[str] = []
+    a_ = L.append
+    a_(f"define internal void @{name}(i64 %xa, i64 %wa, i64 %ya, i64 %nvec, i64 %x_rs, i64 %y_rs, i64 %lo, "
+       f"i64 %hi) #0 {{")
+    a_("entry:")
+    for v in ("x", "w", "y"):
+        a_(f"  %{v} = inttoptr i64 %{v}a to ptr")
+    lanes = ", ".join(f"i32 {i}" for i in range(V))
+    dup = ", ".join(f"i32 {i // 2}" for i in range(V))
+    pair = ", ".join(f"i32 {i % 2}" for i in range(V))
+    for t in range(R * A):
+        a_(f"  %wp{t} = getelementptr float, ptr %w, i64 {2 * t}")
+        a_(f"  %ws{t} = load <2 x float>, ptr %wp{t}, align 4")
+        a_(f"  %wv{t} = shufflevector <2 x float> %ws{t}, <2 x float> poison, <{V} x i32> <{pair}>")
+    for v in ("lo", "hi"):
+        a_(f"  %{v}32 = trunc i64 %{v} to i32")
+        a_(f"  %{v}v.0 = insertelement <{V} x i32> poison, i32 %{v}32, i64 0")
+        a_(f"  %{v}v = shufflevector <{V} x i32> %{v}v.0, <{V} x i32> poison, <{V} x i32> zeroinitializer")
+    for u in range(U):
+        a_(f"  %yo{u} = mul i64 %y_rs, {u}")
+        for r in range(R):
+            a_(f"  %xo{u}_{r} = mul i64 %x_rs, {u - r}")
+    a_("  %any = icmp sgt i64 %nvec, 0")
+    a_("  br i1 %any, label %loop, label %done")
+    a_("loop:")
+    a_("  %b = phi i64 [0, %entry], [%b1, %loop]")
+    a_(f"  %yv = mul i64 %b, {V}")
+    a_(f"  %xv = mul i64 %b, {V // 2}")
+    a_("  %yv32 = trunc i64 %yv to i32")
+    a_(f"  %bv.0 = insertelement <{V} x i32> poison, i32 %yv32, i64 0")
+    a_(f"  %bv = shufflevector <{V} x i32> %bv.0, <{V} x i32> poison, <{V} x i32> zeroinitializer")
+    a_(f"  %idx = add <{V} x i32> %bv, <{lanes}>")
+    a_(f"  %ge = icmp sge <{V} x i32> %idx, %lov")
+    a_(f"  %lt = icmp slt <{V} x i32> %idx, %hiv")
+    a_(f"  %in = and <{V} x i1> %ge, %lt")
+    for u in range(U):
+        acc = "zeroinitializer"
+        for r in range(R):
+            for k in range(A):
+                a_(f"  %xi{u}_{r}_{k} = add i64 %xo{u}_{r}, {-k}")
+                a_(f"  %xj{u}_{r}_{k} = add i64 %xi{u}_{r}_{k}, %xv")
+                a_(f"  %xp{u}_{r}_{k} = getelementptr float, ptr %x, i64 %xj{u}_{r}_{k}")
+                a_(f"  %xh{u}_{r}_{k} = load {ht}, ptr %xp{u}_{r}_{k}, align 4")
+                a_(f"  %xd{u}_{r}_{k} = shufflevector {ht} %xh{u}_{r}_{k}, {ht} poison, <{V} x i32> <{dup}>")
+                a_(f"  %c{u}_{r}_{k} = call {vt} @llvm.fma.v{V}f32({vt} %xd{u}_{r}_{k}, {vt} %wv{r * A + k}, {vt} {acc})")
+                acc = f"%c{u}_{r}_{k}"
+        a_(f"  %yi{u} = add i64 %yo{u}, %yv")
+        a_(f"  %yp{u} = getelementptr float, ptr %y, i64 %yi{u}")
+        a_(f"  call void @llvm.masked.store.v{V}f32.p0({vt} {acc}, ptr %yp{u}, i32 4, <{V} x i1> %in)")
+    a_("  %b1 = add i64 %b, 1")
+    a_("  %more = icmp slt i64 %b1, %nvec")
+    a_("  br i1 %more, label %loop, label %done")
+    a_("done:")
+    a_("  ret void")
+    a_("}")
+    return "\n".join(L)
+
+
+def up2_key(R: int, A: int, U: int) -> int:
+    """The ``up2`` entry point's first argument for one variant (pure)."""
+    return (R * 8 + A) * 8 + U
+
+
+def _up2_entry_ir(V: int) -> tuple[str, list[str]]:
+    variants = [(R, A, U) for R in range(1, UP2_R + 1) for A in range(1, UP2_A + 1) for U in (1, UP2_U)]
+    bodies = [_up2_variant_ir(f"up2_{R}_{A}_{U}", R, A, U, V) for R, A, U in variants]
+    args = ", ".join(f"i64 %x{i}" for i in range(UP2_NARGS))
+    out = [f"define void @up2(i64 %key, {args}) #0 {{", "entry:", "  switch i64 %key, label %done ["]
+    out += [f"    i64 {up2_key(*v)}, label %c{up2_key(*v)}" for v in variants]
+    out.append("  ]")
+    for R, A, U in variants:
+        k = up2_key(R, A, U)
+        out += [f"c{k}:", f"  call void @up2_{R}_{A}_{U}({args})", "  br label %done"]
+    out += ["done:", "  ret void", "}"]
+    return "\n".join(out), bodies
+
+
 def stencil_key(KH: int, KW: int, U: int, accumulate: bool) -> int:
     """The ``stencil`` entry point's first argument for one variant (pure)."""
     return ((KH * 8 + KW) * 8 + U) * 2 + int(accumulate)
@@ -555,6 +650,8 @@ def module_ir(V: int) -> str:
     parts.append(transpose_pairs_ir("transpose_pairs", V))
     entry, bodies = _stencil_entry_ir(V)
     parts += bodies + [entry]
+    entry, bodies = _up2_entry_ir(V)
+    parts += bodies + [entry]
     parts.append(f'attributes #0 = {{ nounwind "min-legal-vector-width"="{V * 32}" }}')
     return "\n\n".join(parts) + "\n"
 
@@ -590,6 +687,7 @@ class Compiled:
         self.transpose_pairs_address = self._engine.get_function_address("transpose_pairs")
         self.dot_r_max, self.dot_j_max = DOT_TILES[lanes]
         self.stencil_address = self._engine.get_function_address("stencil")
+        self.up2_address = self._engine.get_function_address("up2")
 
 
 @functools.lru_cache(maxsize=1)

@@ -327,6 +327,91 @@ def _stencil_plan(spec: ConvSpec, flip: bool, kh_max: int, kw_max: int) -> tuple
     return np.array(calls, dtype=np.int64).reshape(-1, 6), np.array(taps, dtype=np.int64)
 
 
+@functools.lru_cache(maxsize=256)
+def _up2_plan(spec: ConvSpec, r_max: int, a_max: int, u_max: int, lanes: int) -> tuple | None:
+    """Calls of the compiled ``up2`` (``_ukernel._up2_variant_ir``) for the data gradient of
+    a 1-D or 2-D layer with stride 2 and dilation 1 along the rows, at most ``2*a_max``
+    taps wide, one output channel per input channel, stride 1 or 2 and dilation 1 along
+    the other axis with at most ``r_max`` kernel rows reaching each dx row; else None
+    (pure). Returns ``(calls, widx, zero_rows, dims)`` as
+    ``_depthwise_jit.backward_data_up2`` reads them.
+
+    Derivation (along a row, padded column ``t = j + pw``): ``dx[j] = sum over kw with t -
+    kw even of dy[(t - kw)/2] * w[kw]``; with ``t = 2p + e`` and ``kw = e + 2a`` that is
+    ``sum_a dy[p - a] * w[e + 2a]``, so a vector of ``V`` padded columns from ``2p`` is
+    ``sum_a dup(dy[p - a ..]) * (w[2a], w[2a + 1], ...)`` (``dy`` read from column ``-a``:
+    the buffer's left margin ``ML = A - 1`` and right margin hold zeros). Along the other
+    axis, dx row ``i`` (padded ``t = i + ph``) is reached by the kernel rows ``ky`` with
+    ``t - ky`` a multiple of the stride and ``(t - ky)/sh`` a dy row: consecutive ``ky``
+    of one residue, reading consecutive dy rows backwards; rows with the same ``ky`` set
+    ``sh`` apart read consecutive dy rows, up to ``u_max`` of them one call."""
+    if spec.nsp > 2 or spec.ocg != 1 or spec.strides[-1] != 2 or spec.dilations[-1] != 1:
+        return None
+    KW, W, OW, pw = spec.kernel[-1], spec.src[-1], spec.dst[-1], spec.pads_begin[-1]
+    A = -(-KW // 2)
+    if A > a_max:
+        return None
+    if spec.nsp == 2:
+        KH, H, OH, sh, ph = spec.kernel[0], spec.src[0], spec.dst[0], spec.strides[0], spec.pads_begin[0]
+        if spec.dilations[0] != 1 or sh not in (1, 2):
+            return None
+    else:
+        KH, H, OH, sh, ph = 1, 1, 1, 1, 0
+    lo, hi = pw, W + pw
+    nvec = -(-hi // lanes)
+    ML = A - 1
+    Wd = ML + max(OW, nvec * lanes // 2)
+    classes: dict = {}
+    rows = []                              # (kys, first dy row, dx row)
+    zero_rows = []
+    for i in range(H):
+        t = i + ph
+        kys = tuple(ky for ky in range(KH) if (t - ky) % sh == 0 and 0 <= (t - ky) // sh < OH)
+        if not kys:
+            zero_rows.append(i)
+            continue
+        if len(kys) > r_max:
+            return None
+        classes.setdefault(kys, len(classes))
+        rows.append((kys, (t - kys[0]) // sh, i))
+    widx = []
+    for kys in classes:                    # weight pairs (r, a, e), -1 past the kernel
+        for ky in kys:
+            for a in range(A):
+                widx += [ky * KW + kw if kw < KW else -1 for kw in (2 * a, 2 * a + 1)]
+    wlen = {kys: 2 * A * len(kys) for kys in classes}
+    woff, acc = {}, 0
+    for kys in classes:
+        woff[kys], acc = acc, acc + wlen[kys]
+    calls, k = [], 0
+    while k < len(rows):
+        kys, o0, i = rows[k]
+        u = 1
+        while (u < u_max and k + u < len(rows) and rows[k + u][0] == kys and rows[k + u][1] == o0 + u
+               and rows[k + u][2] == i + u * sh):
+            u += 1
+        if u != u_max:
+            u = 1
+        from ._ukernel import up2_key
+        calls.append((up2_key(len(kys), A, u), o0 * Wd + ML, woff[kys], i * W - pw, sh * W))
+        k += u
+    return (np.array(calls, dtype=np.int64).reshape(-1, 5), np.array(widx, dtype=np.int64),
+            np.array(zero_rows, dtype=np.int64), np.array((W, Wd, ML, nvec, lo, hi), dtype=np.int64))
+
+
+def _up2_args(spec: ConvSpec, dtype, cl: bool) -> tuple | None:
+    """(address, calls, widx, zero rows, dims) of the compiled stride-2 data gradient in
+    float32 where the micro-kernels run and ``_up2_plan`` covers the layer, else None."""
+    if cl or dtype != np.float32:
+        return None
+    compiled = _micro_kernels()
+    if compiled is None:
+        return None
+    from ._ukernel import UP2_A, UP2_R, UP2_U
+    plan = _up2_plan(spec, UP2_R, UP2_A, UP2_U, compiled.lanes)
+    return None if plan is None else (compiled.up2_address,) + plan
+
+
 _NO_STENCIL = (0, np.zeros((0, 6), dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
@@ -438,10 +523,13 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
                             "bwd_data", CB_CHANNELS if cl else 1)
 
     stencil = _stencil_args(spec, "bwd_data", dtype, cl)
+    up2 = _up2_args(spec, dtype, cl)
 
     def work(b):
         dy, dyc0 = get_dy(*b)
-        if cl:
+        if up2 is not None:
+            jit.backward_data_up2(dy, dyc0, w, dsrc, 0, b[0], b[1], *up2)
+        elif cl:
             jit.backward_data_cl(dy, dyc0, w, dsrc, 0, b[0], b[1], geo, *_transpose_args(dtype))
         else:
             jit.backward_data(dy, dyc0, w, dsrc, 0, b[0], b[1], geo, *stencil)
