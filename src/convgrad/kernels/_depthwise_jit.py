@@ -44,16 +44,22 @@ channel per input channel, kernels up to 4 wide; ``depthwise._up2_plan``, where 
 derivation is) skips the phase grids too: ``backward_data_up2`` places ``diff_dst`` in a
 zero-margined buffer and the compiled ``up2`` writes each dx row from it, both column
 phases of a pair from one doubled load (one thread, us, phase grids / up2: conv2_2/dw
-(64 x 112^2) 190-194 / 112-120, conv3_2/dw (128 x 56^2) 145-146 / 78-79).
+(64 x 112^2) 190-194 / 112-120, conv3_2/dw (128 x 56^2) 145-146 / 78-79). Their weight
+gradient likewise (``backward_weights_dot2``, ``depthwise._dot2_plan``): the compiled
+``dot2`` reads the input rows in place, gathering the stride-2 cells of each tap from two
+masked loads (the padding masked off), and sums against ``diff_dst`` in the vector lanes
+(one thread, us, phase grids / dot2: conv2_2/dw 161-170 / 112-117, conv3_2/dw 136-137 /
+59-62).
 
 Order of every sum (fixed, independent of the chunking and of the thread count): fwd, taps
 row-major (in the stencil: block after block, row-major inside a block; a kernel of at
 most 3 x 3 taps is one block); bwd_data, ``m`` then the taps of the element's phase
 row-major (in the stencil: ``m``, then the mirrored taps block by block; in ``up2``: the
 kernel rows reaching the dx row in ascending order, then the element's taps along the row
-in ascending order); bwd_weights in
-float32 with the compiled micro-kernels (``_dot_taps``): per image and per planned call,
-chunks of ``DOT_CHUNK`` positions, each summed in the vector lanes from zero and the lanes
+in ascending order); bwd_weights in float32 with ``dot2``: per image and call (rows of
+``DOT_CHUNK`` positions at most), the lanes summed from zero over rows then positions,
+added by a fixed halving tree to the tap's running sum, image after image; in float32
+with the compiled micro-kernels (``_dot_taps``): per image and per planned call, chunks of ``DOT_CHUNK`` positions, each summed in the vector lanes from zero and the lanes
 added by a fixed halving tree, added to the tap's running sum chunk after chunk, image
 after image; otherwise (float64, or no micro-kernels), per lane ``p % R`` and block of
 BLOCK positions a sum from zero over ``p`` ascending (kept in registers, ``_group``),
@@ -72,8 +78,8 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ._jit_common import (JIT, _dotkernel, _stencil, _transpose, _up2, copy_elems, gather_strided, stack_registers,
-                          stencil_key)
+from ._jit_common import (JIT, _dot2, _dotkernel, _stencil, _transpose, _up2, copy_elems, gather_strided,
+                          stack_registers, stencil_key)
 
 FOLD = 4         # lanes left by the halving fold of the weight gradient, added in float64
 from .depthwise import LANES as R     # weight-gradient lanes (positions p % R)
@@ -495,6 +501,28 @@ def backward_data_up2(dy, dyc0, w, dx, dxc0, c0, c1, addr, calls, widx, zero_row
             for k in range(calls.shape[0]):
                 _up2(addr, calls[k, 0], pa + item * calls[k, 1], wa + item * calls[k, 2], xa + item * calls[k, 3],
                      nvec, Wd, calls[k, 4], lo, hi)
+
+
+@njit(nogil=True, cache=True)
+def backward_weights_dot2(x, xc0, dy, dyc0, dw, c0, c1, addr, calls, dims):
+    """The weight gradient of a layer with stride 2 along its rows (``depthwise._dot2_plan``,
+    one output channel per input channel) straight from the arrays through the compiled
+    ``dot2`` calls: per channel the taps' running sums start at zero, then image after
+    image, call after call (key, input offset, diff_dst offset, first tap, rows), each
+    call's lane sums are added to them. ``dims``: (positions per row, input row stride,
+    input stride between a call's rows, lo, hi)."""
+    npos, x_rs, x_us, lo, hi = dims[0], dims[1], dims[2], dims[3], dims[4]
+    item = x.itemsize
+    for c in range(c0, c1):
+        wc = dw[c].reshape(-1)
+        wc[:] = 0.0
+        wa = wc.ctypes.data
+        for n in range(x.shape[0]):
+            xa = x[n, c - xc0].ctypes.data
+            da = dy[n, c - dyc0].ctypes.data
+            for k in range(calls.shape[0]):
+                _dot2(addr, calls[k, 0], xa + item * calls[k, 1], da + item * calls[k, 2], wa + item * calls[k, 3],
+                      npos, calls[k, 4], x_rs, x_us, npos, lo, hi)
 
 
 _registers = stack_registers(TB * R)     # the register tile (``_jit_common``)

@@ -142,3 +142,10 @@ def _up2(typingctx, addr, key, x, w, y, nvec, x_rs, y_rs, lo, hi):
     """``up2(key, x, w, y, nvec, x_rs, y_rs, lo, hi)`` at ``addr`` (``_ukernel._up2_variant_ir``;
     ``key`` from ``_ukernel.up2_key``)."""
     return _indirect_call(9)
+
+
+@intrinsic
+def _dot2(typingctx, addr, key, x, dy, acc, npos, nrows, x_rs, x_us, dy_rs, lo, hi):
+    """``dot2(key, x, dy, acc, npos, nrows, x_rs, x_us, dy_rs, lo, hi)`` at ``addr``
+    (``_ukernel._dot2_variant_ir``; ``key`` from ``_ukernel.dot2_key``)."""
+    return _indirect_call(11)

@@ -83,6 +83,10 @@ STENCIL_NARGS = 7     # x, w, y, npos, x_rs, x_cs, y_rs
 # taps of each parity per row (kernels up to 2*UP2_A wide), UP2_U output rows per call.
 UP2_R, UP2_A, UP2_U = 3, 2, 4
 UP2_NARGS = 8         # x, w, y, nvec, x_rs, y_rs, lo, hi: see _up2_variant_ir
+# The stride-2 weight-gradient family (``_dot2_variant_ir``): up to DOT2_R kernel rows of
+# up to DOT2_KW taps per call (R*KW accumulators).
+DOT2_R, DOT2_KW = 3, 4
+DOT2_NARGS = 10       # x, dy, acc, npos, nrows, x_rs, x_us, dy_rs, lo, hi
 NARGS = 13      # a, b, y, aoff, boff, ntaps, K, a_rs, a_ks, b_ks, y_rs, acc, tail
 
 
@@ -453,6 +457,140 @@ def _up2_variant_ir(name: str, R: int, A: int, U: int, V: int) -> str:
     return "\n".join(L)
 
 
+def _dot2_variant_ir(name: str, R: int, KW: int, V: int) -> str:
+    """One ``(R, KW)`` variant of the stride-2 weight-gradient family (``module_ir``):
+    ``acc[r*KW + k] += sum over u < nrows, o < npos of dy[u*dy_rs + o] *
+    x[u*x_us + r*x_rs + 2*o + k]`` for r < R, k < KW, where an ``x`` element counts only
+    if ``lo <= 2*o + k < hi`` (outside it reads as zero: the padding). The stride-2
+    elements of ``x`` are gathered from two masked loads by one two-source shuffle (the
+    even lanes); the sums run in the vector lanes from zero, then a fixed halving tree
+    adds each accumulator's lanes into ``acc``."""
+    vt = f"<{V} x float>"
+    it = f"<{V} x i32>"
+    mt = f"<{V} x i1>"
+    L: list[str] = []
+    a_ = L.append
+    a_(f"define internal void @{name}(i64 %xa, i64 %da, i64 %aa, i64 %npos, i64 %nrows, i64 %x_rs, i64 %x_us, "
+       f"i64 %dy_rs, i64 %lo, i64 %hi) #0 {{")
+    a_("entry:")
+    for v in ("x", "d", "a"):
+        a_(f"  %{v} = inttoptr i64 %{v}a to ptr")
+    lanes = ", ".join(f"i32 {i}" for i in range(V))
+    upper = ", ".join(f"i32 {i + V}" for i in range(V))
+    half_lo = ", ".join(f"i32 {i // 2}" for i in range(V))
+    half_hi = ", ".join(f"i32 {(i + V) // 2}" for i in range(V))
+    even = ", ".join(f"i32 {2 * i}" for i in range(V))
+    for v in ("lo", "hi", "npos"):
+        a_(f"  %{v}32 = trunc i64 %{v} to i32")
+        a_(f"  %{v}v.0 = insertelement {it} poison, i32 %{v}32, i64 0")
+        a_(f"  %{v}v = shufflevector {it} %{v}v.0, {it} poison, {it} zeroinitializer")
+    a_(f"  %nvec.0 = add i64 %npos, {V - 1}")
+    a_(f"  %nvec = sdiv i64 %nvec.0, {V}")
+    a_("  %anyr = icmp sgt i64 %nrows, 0")
+    a_("  %anyv = icmp sgt i64 %nvec, 0")
+    a_("  %any = and i1 %anyr, %anyv")
+    acc = [(r, k) for r in range(R) for k in range(KW)]
+    a_("  br i1 %any, label %rows, label %sum")
+    a_("rows:")
+    a_("  %u = phi i64 [0, %entry], [%u1, %rowend]")
+    for r, k in acc:
+        a_(f"  %cr{r}_{k} = phi {vt} [zeroinitializer, %entry], [%cn{r}_{k}, %rowend]")
+    a_("  %xu = mul i64 %u, %x_us")
+    a_("  %du = mul i64 %u, %dy_rs")
+    a_("  br label %vec")
+    a_("vec:")
+    a_("  %b = phi i64 [0, %rows], [%b1, %vec]")
+    for r, k in acc:
+        a_(f"  %c{r}_{k} = phi {vt} [%cr{r}_{k}, %rows], [%n{r}_{k}, %vec]")
+    a_(f"  %o0 = mul i64 %b, {V}")
+    a_("  %o032 = trunc i64 %o0 to i32")
+    a_(f"  %o0v.0 = insertelement {it} poison, i32 %o032, i64 0")
+    a_(f"  %o0v = shufflevector {it} %o0v.0, {it} poison, {it} zeroinitializer")
+    a_(f"  %oi = add {it} %o0v, <{lanes}>")
+    a_(f"  %dm = icmp slt {it} %oi, %nposv")
+    a_("  %di = add i64 %du, %o0")
+    a_("  %dp = getelementptr float, ptr %d, i64 %di")
+    a_(f"  %dv = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %dp, i32 4, {mt} %dm, {vt} zeroinitializer)")
+    # the outputs of the two loads' lanes, and whether they are real
+    for h, idx in (("a", half_lo), ("b", half_hi)):
+        a_(f"  %oo{h} = add {it} %o0v, <{idx}>")
+        a_(f"  %om{h} = icmp slt {it} %oo{h}, %nposv")
+    a_("  %e0 = shl i64 %o0, 1")
+    for k in range(KW):
+        # element indices 2*o0 + k + lane (first load) and + V (second)
+        a_(f"  %j{k} = add i64 %e0, {k}")
+        a_(f"  %j{k}32 = trunc i64 %j{k} to i32")
+        a_(f"  %j{k}v.0 = insertelement {it} poison, i32 %j{k}32, i64 0")
+        a_(f"  %j{k}v = shufflevector {it} %j{k}v.0, {it} poison, {it} zeroinitializer")
+        for h, off in (("a", lanes), ("b", upper)):
+            a_(f"  %ji{k}{h} = add {it} %j{k}v, <{off}>")
+            a_(f"  %ge{k}{h} = icmp sge {it} %ji{k}{h}, %lov")
+            a_(f"  %lt{k}{h} = icmp slt {it} %ji{k}{h}, %hiv")
+            a_(f"  %in{k}{h}.0 = and {mt} %ge{k}{h}, %lt{k}{h}")
+            a_(f"  %in{k}{h} = and {mt} %in{k}{h}.0, %om{h}")
+    for r in range(R):
+        a_(f"  %xr{r}.0 = mul i64 %x_rs, {r}")
+        a_(f"  %xr{r} = add i64 %xr{r}.0, %xu")
+        for k in range(KW):
+            a_(f"  %xi{r}_{k} = add i64 %xr{r}, %j{k}")
+            a_(f"  %xp{r}_{k}a = getelementptr float, ptr %x, i64 %xi{r}_{k}")
+            a_(f"  %xp{r}_{k}b = getelementptr float, ptr %xp{r}_{k}a, i64 {V}")
+            for h in ("a", "b"):
+                a_(f"  %xl{r}_{k}{h} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %xp{r}_{k}{h}, i32 4, "
+                   f"{mt} %in{k}{h}, {vt} zeroinitializer)")
+            a_(f"  %xs{r}_{k} = shufflevector {vt} %xl{r}_{k}a, {vt} %xl{r}_{k}b, <{V} x i32> <{even}>")
+            a_(f"  %n{r}_{k} = call {vt} @llvm.fma.v{V}f32({vt} %dv, {vt} %xs{r}_{k}, {vt} %c{r}_{k})")
+    a_("  %b1 = add i64 %b, 1")
+    a_("  %morev = icmp slt i64 %b1, %nvec")
+    a_("  br i1 %morev, label %vec, label %rowend")
+    a_("rowend:")
+    for r, k in acc:
+        a_(f"  %cn{r}_{k} = phi {vt} [%n{r}_{k}, %vec]")
+    a_("  %u1 = add i64 %u, 1")
+    a_("  %morer = icmp slt i64 %u1, %nrows")
+    a_("  br i1 %morer, label %rows, label %sum")
+    a_("sum:")
+    for r, k in acc:
+        a_(f"  %s{r}_{k} = phi {vt} [zeroinitializer, %entry], [%cn{r}_{k}, %rowend]")
+    for r, k in acc:
+        v, width, step = f"%s{r}_{k}", V, 0
+        while width > 1:                       # lanes [0, w/2) + [w/2, w): a fixed tree
+            half = width // 2
+            lo = ", ".join(f"i32 {i}" for i in range(half))
+            hi = ", ".join(f"i32 {i + half}" for i in range(half))
+            a_(f"  %h{r}_{k}_{step}l = shufflevector <{width} x float> {v}, <{width} x float> poison, <{half} x i32> <{lo}>")
+            a_(f"  %h{r}_{k}_{step}h = shufflevector <{width} x float> {v}, <{width} x float> poison, <{half} x i32> <{hi}>")
+            a_(f"  %h{r}_{k}_{step} = fadd <{half} x float> %h{r}_{k}_{step}l, %h{r}_{k}_{step}h")
+            v, width, step = f"%h{r}_{k}_{step}", half, step + 1
+        a_(f"  %t{r}_{k} = extractelement <1 x float> {v}, i64 0")
+        a_(f"  %ap{r}_{k} = getelementptr float, ptr %a, i64 {r * KW + k}")
+        a_(f"  %al{r}_{k} = load float, ptr %ap{r}_{k}")
+        a_(f"  %as{r}_{k} = fadd float %al{r}_{k}, %t{r}_{k}")
+        a_(f"  store float %as{r}_{k}, ptr %ap{r}_{k}")
+    a_("  ret void")
+    a_("}")
+    return "\n".join(L)
+
+
+def dot2_key(R: int, KW: int) -> int:
+    """The ``dot2`` entry point's first argument for one variant (pure)."""
+    return R * 8 + KW
+
+
+def _dot2_entry_ir(V: int) -> tuple[str, list[str]]:
+    variants = [(R, KW) for R in range(1, DOT2_R + 1) for KW in range(1, DOT2_KW + 1)]
+    bodies = [_dot2_variant_ir(f"dot2_{R}_{KW}", R, KW, V) for R, KW in variants]
+    args = ", ".join(f"i64 %x{i}" for i in range(DOT2_NARGS))
+    out = [f"define void @dot2(i64 %key, {args}) #0 {{", "entry:", "  switch i64 %key, label %done ["]
+    out += [f"    i64 {dot2_key(*v)}, label %c{dot2_key(*v)}" for v in variants]
+    out.append("  ]")
+    for R, KW in variants:
+        k = dot2_key(R, KW)
+        out += [f"c{k}:", f"  call void @dot2_{R}_{KW}({args})", "  br label %done"]
+    out += ["done:", "  ret void", "}"]
+    return "\n".join(out), bodies
+
+
 def up2_key(R: int, A: int, U: int) -> int:
     """The ``up2`` entry point's first argument for one variant (pure)."""
     return (R * 8 + A) * 8 + U
@@ -652,6 +790,8 @@ def module_ir(V: int) -> str:
     parts += bodies + [entry]
     entry, bodies = _up2_entry_ir(V)
     parts += bodies + [entry]
+    entry, bodies = _dot2_entry_ir(V)
+    parts += bodies + [entry]
     parts.append(f'attributes #0 = {{ nounwind "min-legal-vector-width"="{V * 32}" }}')
     return "\n\n".join(parts) + "\n"
 
@@ -688,6 +828,7 @@ class Compiled:
         self.dot_r_max, self.dot_j_max = DOT_TILES[lanes]
         self.stencil_address = self._engine.get_function_address("stencil")
         self.up2_address = self._engine.get_function_address("up2")
+        self.dot2_address = self._engine.get_function_address("dot2")
 
 
 @functools.lru_cache(maxsize=1)

@@ -412,6 +412,48 @@ def _up2_args(spec: ConvSpec, dtype, cl: bool) -> tuple | None:
     return None if plan is None else (compiled.up2_address,) + plan
 
 
+@functools.lru_cache(maxsize=256)
+def _dot2_plan(spec: ConvSpec, r_max: int, kw_max: int, chunk: int) -> tuple | None:
+    """Calls of the compiled ``dot2`` (``_ukernel._dot2_variant_ir``) for the weight
+    gradient of a 1-D or 2-D layer with stride 2 and dilation 1 along the rows, at most
+    ``kw_max`` taps wide, one output channel per input channel, dilation 1 between rows;
+    else None (pure). Returns ``(calls, dims)`` as ``_depthwise_jit.backward_weights_dot2``
+    reads them.
+
+    ``dw[ky, kw] = sum over dy rows o and columns p of dy[o, p] * x[sh*o + ky - ph, 2*p +
+    kw - pw]``: a call takes consecutive dy rows whose kernel rows all read real input
+    rows (the same range of ``ky``: the rows at the top and bottom edges have fewer), at
+    most ``r_max`` kernel rows and ``chunk`` positions (the float32 lane sums then add at
+    most ``chunk / V`` terms each, as ``DOT_CHUNK`` for the phase grids); the columns in
+    the padding read as zero (``lo = pw``, ``hi = W + pw`` from the row's column ``-pw``)."""
+    if spec.nsp > 2 or spec.ocg != 1 or spec.strides[-1] != 2 or spec.dilations[-1] != 1 or spec.kernel[-1] > kw_max:
+        return None
+    KW, W, OW, pw = spec.kernel[-1], spec.src[-1], spec.dst[-1], spec.pads_begin[-1]
+    if spec.nsp == 2:
+        KH, H, OH, sh, ph = spec.kernel[0], spec.src[0], spec.dst[0], spec.strides[0], spec.pads_begin[0]
+        if spec.dilations[0] != 1:
+            return None
+    else:
+        KH, H, OH, sh, ph = 1, 1, 1, 1, 0
+    per = max(1, chunk // max(1, OW))
+    calls: list = []
+    o = 0
+    while o < OH:
+        k0 = max(0, ph - sh * o)
+        k1 = min(KH, H + ph - sh * o)
+        end = o + 1
+        while (end < OH and end - o < per and max(0, ph - sh * end) == k0
+               and min(KH, H + ph - sh * end) == k1):
+            end += 1
+        from ._ukernel import dot2_key
+        for r0 in range(k0, k1, r_max):
+            R = min(r_max, k1 - r0)
+            calls.append((dot2_key(R, KW), (sh * o + r0 - ph) * W - pw, o * OW, r0 * KW, end - o))
+        o = end
+    return (np.array(calls, dtype=np.int64).reshape(-1, 5),
+            np.array((OW, W, sh * W, pw, W + pw), dtype=np.int64))
+
+
 _NO_STENCIL = (0, np.zeros((0, 6), dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
@@ -555,11 +597,17 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     compiled = _micro_kernels() if not cl and dtype == np.float32 else None
     plan = _dot_plan(spec, compiled.dot_r_max, compiled.dot_j_max) if compiled is not None else _NO_DOT
     addr = compiled.dot_address if compiled is not None else 0
+    dot2 = None
+    if compiled is not None:
+        from ._ukernel import DOT2_KW, DOT2_R
+        dot2 = _dot2_plan(spec, DOT2_R, DOT2_KW, DOT_CHUNK)
 
     def work(b):
         x, xc0 = get_x(*b)
         dy, dyc0 = get_dy(*b)
-        if cl:
+        if dot2 is not None:
+            jit.backward_weights_dot2(x, xc0, dy, dyc0, dw, b[0], b[1], compiled.dot2_address, *dot2)
+        elif cl:
             jit.backward_weights_cl(x, xc0, dy, dyc0, dw, b[0], b[1], geo, *_transpose_args(dtype))
         else:
             jit.backward_weights(x, xc0, dy, dyc0, dw, b[0], b[1], geo, addr, *plan, DOT_CHUNK)
