@@ -313,7 +313,7 @@ def test_dot2_micro_kernel_every_variant():
     for R in range(1, _ukernel.DOT2_R + 1):
         for KW in range(1, _ukernel.DOT2_KW + 1):
             for npos, nrows, lo, hi in ((V, 1, 0, 2 * V + 3), (V + 5, 3, 1, 2 * V + 8), (3, 2, 2, 7), (2 * V, 2, 0, 9)):
-                x_rs, dy_rs = 4 * V + 11, V + 9
+                x_rs, dy_rs = 4 * V + 11, 2 * V + 9
                 x_us, x0 = 2 * x_rs, 3 * x_rs + 2
                 x = rng.standard_normal(12 * x_rs).astype(np.float32)
                 for u in range(nrows):
@@ -335,12 +335,50 @@ def test_dot2_micro_kernel_every_variant():
 
 
 @needs_numba
-def test_stride_two_weight_gradient_straight_from_the_arrays(monkeypatch):
-    """The float32 weight gradient of layers with stride 2 along the rows and one output
-    channel per input channel runs the compiled ``dot2`` calls (``_dot2_plan``) with no
-    phase grids: every width and front pad, kernels 1-4 wide and 1-5 tall (more kernel
-    rows than one call takes), stride 1 or 2 between rows (edge rows with fewer kernel
-    rows), 1-D and 2-D, several images, huge pads, rows longer than a chunk."""
+def test_fwd2_micro_kernel_every_variant():
+    """The compiled stride-2 forward family (``_ukernel._fwd2_variant_ir``) against its
+    formula: every (R, KW) variant, rows of every length around the vector width, columns
+    cut at both ends, nothing stored past a row's outputs (the guard values stay), the
+    padding never multiplied (inf there leaves the outputs finite)."""
+    import ctypes
+    from convgrad.kernels import _ukernel
+    built = _ukernel.compiled()
+    if built is None:
+        pytest.skip("the micro-kernels need an x86-64 CPU with AVX2 and FMA")
+    call = ctypes.CFUNCTYPE(None, *([ctypes.c_int64] * 11))(built.fwd2_address)
+    V, rng = built.lanes, np.random.default_rng(10)
+    for R in range(1, _ukernel.DOT2_R + 1):
+        for KW in range(1, _ukernel.DOT2_KW + 1):
+            for npos, nrows, lo, hi in ((V, 1, 0, 2 * V + 3), (V + 5, 3, 1, 2 * V + 8), (3, 2, 2, 7), (2 * V, 2, 0, 9)):
+                x_rs, y_rs = 4 * V + 11, 2 * V + 9
+                x_us, x0 = 2 * x_rs, 3 * x_rs + 2
+                x = rng.standard_normal(12 * x_rs).astype(np.float32)
+                for u in range(nrows):
+                    for r in range(R):
+                        row = x0 + u * x_us + r * x_rs
+                        x[row - 2:row + lo] = np.inf
+                        x[row + hi:row + hi + 2] = np.inf
+                w = rng.standard_normal(R * KW).astype(np.float32)
+                y = np.full(nrows * y_rs, -9.0, np.float32)
+                call(_ukernel.dot2_key(R, KW), x.ctypes.data + 4 * x0, w.ctypes.data, y.ctypes.data, npos, nrows,
+                     x_rs, x_us, y_rs, lo, hi)
+                want = np.full_like(y, -9.0)
+                for u in range(nrows):
+                    for o in range(npos):
+                        want[u * y_rs + o] = sum(float(w[r * KW + k]) * float(x[x0 + u * x_us + r * x_rs + 2 * o + k])
+                                                 for r in range(R) for k in range(KW) if lo <= 2 * o + k < hi)
+                np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4, err_msg=str((R, KW, npos, nrows, lo, hi)))
+
+
+@needs_numba
+def test_stride_two_weight_gradient_and_forward_straight_from_the_arrays(monkeypatch):
+    """The float32 weight gradient and forward of layers with stride 2 along the rows and
+    one output channel per input channel run the compiled ``dot2`` / ``fwd2`` calls
+    (``_dot2_plan``, ``_fwd2_plan``) with no phase grids: every width and front pad,
+    kernels 1-4 wide and 1-5 tall (more kernel rows than one call takes: the forward then
+    keeps the phase grids), stride 1 or 2 between rows (edge rows with fewer kernel rows,
+    output rows of padding only), 1-D and 2-D, several images, huge pads, rows longer
+    than a chunk."""
     monkeypatch.setattr(dwk, "SMALL_IMAGE", -1)
     monkeypatch.setattr(dwk, "SMALL_IMAGE_BWD_WEIGHTS", -1)
     if dwk._micro_kernels() is None:
@@ -356,6 +394,7 @@ def test_stride_two_weight_gradient_straight_from_the_arrays(monkeypatch):
                     if not feasible(spec.src, spec.kernel, (1, 1), spec.pads_begin, spec.pads_end):
                         continue
                     assert dwk._dot2_plan(spec, 3, 4, dwk.DOT_CHUNK) is not None, str(spec)
+                    assert (dwk._fwd2_plan(spec, 3, 4) is not None) == (kh <= 3), str(spec)
                     covered += 1
                     _check(spec, rng, np.float32)
     assert covered > 300
@@ -363,15 +402,16 @@ def test_stride_two_weight_gradient_straight_from_the_arrays(monkeypatch):
     dwk._dot2_plan.cache_clear()
     for spec in (_spec(3, 2, 1, (301,), (3,), (2,), (1,), (9,), (7,)),
                  _spec(1, 4, 1, (40, 45), (3, 3), (2, 2), (1, 1), (1, 1), (0, 1)),
-                 _spec(2, 2, 1, (9, 30), (2, 4), (2, 2), (1, 1), (5, 6), (6, 2))):
-        assert dwk._dot2_plan(spec, 3, 4, dwk.DOT_CHUNK) is not None
+                 _spec(2, 2, 1, (9, 30), (2, 4), (2, 2), (1, 1), (5, 6), (6, 2))):     # rows of padding only
+        assert dwk._dot2_plan(spec, 3, 4, dwk.DOT_CHUNK) is not None and dwk._fwd2_plan(spec, 3, 4) is not None
         _check(spec, rng, np.float32)
+    assert len(dwk._fwd2_plan(_spec(2, 2, 1, (9, 30), (2, 4), (2, 2), (1, 1), (5, 6), (6, 2)), 3, 4)[1]) > 0
     dwk._dot2_plan.cache_clear()
     for spec in (_spec(1, 2, 2, (9, 30), (3, 3), (2, 2), (1, 1), (1, 1), (0, 0)),     # multiplier 2
                  _spec(1, 2, 1, (9, 30), (3, 3), (2, 2), (1, 2), (1, 1), (0, 0)),     # dilated rows
                  _spec(1, 2, 1, (9, 30), (3, 5), (2, 2), (1, 1), (1, 1), (0, 0)),     # 5 wide
                  _spec(1, 2, 1, (4, 9, 30), (2, 3, 3), (1, 2, 2), (1, 1, 1), (0, 1, 1), (0, 0, 0))):
-        assert dwk._dot2_plan(spec, 3, 4, dwk.DOT_CHUNK) is None
+        assert dwk._dot2_plan(spec, 3, 4, dwk.DOT_CHUNK) is None and dwk._fwd2_plan(spec, 3, 4) is None
         _check(spec, rng, np.float32)
 
 

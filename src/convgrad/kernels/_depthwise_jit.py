@@ -49,10 +49,12 @@ gradient likewise (``backward_weights_dot2``, ``depthwise._dot2_plan``): the com
 ``dot2`` reads the input rows in place, gathering the stride-2 cells of each tap from two
 masked loads (the padding masked off), and sums against ``diff_dst`` in the vector lanes
 (one thread, us, phase grids / dot2: conv2_2/dw 161-170 / 112-117, conv3_2/dw 136-137 /
-59-62).
+59-62), and their forward where every output row takes its kernel rows in one call
+(``forward_fwd2``, ``depthwise._fwd2_plan``: the same gathers times broadcast weights;
+155-164 / 119-120 and 122-126 / 65).
 
 Order of every sum (fixed, independent of the chunking and of the thread count): fwd, taps
-row-major (in the stencil: block after block, row-major inside a block; a kernel of at
+row-major (in ``fwd2`` too; in the stencil: block after block, row-major inside a block; a kernel of at
 most 3 x 3 taps is one block); bwd_data, ``m`` then the taps of the element's phase
 row-major (in the stencil: ``m``, then the mirrored taps block by block; in ``up2``: the
 kernel rows reaching the dx row in ascending order, then the element's taps along the row
@@ -78,8 +80,8 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ._jit_common import (JIT, _dot2, _dotkernel, _stencil, _transpose, _up2, copy_elems, gather_strided,
-                          stack_registers, stencil_key)
+from ._jit_common import (JIT, _dot2, _dotkernel, _fwd2, _stencil, _transpose, _up2, copy_elems,
+                          gather_strided, stack_registers, stencil_key)
 
 FOLD = 4         # lanes left by the halving fold of the weight gradient, added in float64
 from .depthwise import LANES as R     # weight-gradient lanes (positions p % R)
@@ -501,6 +503,27 @@ def backward_data_up2(dy, dyc0, w, dx, dxc0, c0, c1, addr, calls, widx, zero_row
             for k in range(calls.shape[0]):
                 _up2(addr, calls[k, 0], pa + item * calls[k, 1], wa + item * calls[k, 2], xa + item * calls[k, 3],
                      nvec, Wd, calls[k, 4], lo, hi)
+
+
+@njit(nogil=True, cache=True)
+def forward_fwd2(x, xc0, w, y, yc0, c0, c1, addr, calls, zero_rows, dims):
+    """The forward of a layer with stride 2 along its rows (``depthwise._fwd2_plan``, one
+    output channel per input channel) straight from the input rows through the compiled
+    ``fwd2`` calls (key, input offset, output offset, first weight, rows), the output rows
+    no kernel row reaches zeroed."""
+    npos, x_rs, x_us, lo, hi = dims[0], dims[1], dims[2], dims[3], dims[4]
+    item = x.itemsize
+    for n in range(x.shape[0]):
+        for c in range(c0, c1):
+            wa = w[c].ctypes.data
+            xa = x[n, c - xc0].ctypes.data
+            yf = y[n, c - yc0].reshape(-1)
+            for r in zero_rows:
+                yf[r * npos:(r + 1) * npos] = 0.0
+            ya = yf.ctypes.data
+            for k in range(calls.shape[0]):
+                _fwd2(addr, calls[k, 0], xa + item * calls[k, 1], wa + item * calls[k, 3], ya + item * calls[k, 2],
+                      npos, calls[k, 4], x_rs, x_us, npos, lo, hi)
 
 
 @njit(nogil=True, cache=True)

@@ -149,3 +149,10 @@ def _dot2(typingctx, addr, key, x, dy, acc, npos, nrows, x_rs, x_us, dy_rs, lo, 
     """``dot2(key, x, dy, acc, npos, nrows, x_rs, x_us, dy_rs, lo, hi)`` at ``addr``
     (``_ukernel._dot2_variant_ir``; ``key`` from ``_ukernel.dot2_key``)."""
     return _indirect_call(11)
+
+
+@intrinsic
+def _fwd2(typingctx, addr, key, x, w, y, npos, nrows, x_rs, x_us, y_rs, lo, hi):
+    """``fwd2(key, x, w, y, npos, nrows, x_rs, x_us, y_rs, lo, hi)`` at ``addr``
+    (``_ukernel._fwd2_variant_ir``; ``key`` from ``_ukernel.dot2_key``)."""
+    return _indirect_call(11)

@@ -83,10 +83,11 @@ STENCIL_NARGS = 7     # x, w, y, npos, x_rs, x_cs, y_rs
 # taps of each parity per row (kernels up to 2*UP2_A wide), UP2_U output rows per call.
 UP2_R, UP2_A, UP2_U = 3, 2, 4
 UP2_NARGS = 8         # x, w, y, nvec, x_rs, y_rs, lo, hi: see _up2_variant_ir
-# The stride-2 weight-gradient family (``_dot2_variant_ir``): up to DOT2_R kernel rows of
-# up to DOT2_KW taps per call (R*KW accumulators).
+# The stride-2 weight-gradient and forward families (``_dot2_variant_ir``,
+# ``_fwd2_variant_ir``): up to DOT2_R kernel rows of up to DOT2_KW taps per call (R*KW
+# accumulators, or broadcast weights); the same ten arguments.
 DOT2_R, DOT2_KW = 3, 4
-DOT2_NARGS = 10       # x, dy, acc, npos, nrows, x_rs, x_us, dy_rs, lo, hi
+DOT2_NARGS = 10       # x, dy or w, acc or y, npos, nrows, x_rs, x_us, dy_rs or y_rs, lo, hi
 NARGS = 13      # a, b, y, aoff, boff, ntaps, K, a_rs, a_ks, b_ks, y_rs, acc, tail
 
 
@@ -572,6 +573,115 @@ def _dot2_variant_ir(name: str, R: int, KW: int, V: int) -> str:
     return "\n".join(L)
 
 
+def _fwd2_variant_ir(name: str, R: int, KW: int, V: int) -> str:
+    """One ``(R, KW)`` variant of the stride-2 forward family (``module_ir``): for u <
+    nrows and o < npos, ``y[u*y_rs + o] = sum over r < R, k < KW of w[r*KW + k] *
+    x[u*x_us + r*x_rs + 2*o + k]``, an ``x`` element counting only where ``lo <= 2*o + k
+    < hi`` (the padding reads as zero): each tap's stride-2 elements gathered from two
+    masked loads by one two-source shuffle (``_dot2_variant_ir``'s gather), times the
+    weight broadcast; the last vector of a row stored masked."""
+    vt = f"<{V} x float>"
+    it = f"<{V} x i32>"
+    mt = f"<{V} x i1>"
+    L: list[str] = []
+    a_ = L.append
+    a_(f"define internal void @{name}(i64 %xa, i64 %wa, i64 %ya, i64 %npos, i64 %nrows, i64 %x_rs, i64 %x_us, "
+       f"i64 %y_rs, i64 %lo, i64 %hi) #0 {{")
+    a_("entry:")
+    for v in ("x", "w", "y"):
+        a_(f"  %{v} = inttoptr i64 %{v}a to ptr")
+    lanes = ", ".join(f"i32 {i}" for i in range(V))
+    upper = ", ".join(f"i32 {i + V}" for i in range(V))
+    half_lo = ", ".join(f"i32 {i // 2}" for i in range(V))
+    half_hi = ", ".join(f"i32 {(i + V) // 2}" for i in range(V))
+    even = ", ".join(f"i32 {2 * i}" for i in range(V))
+    for t in range(R * KW):
+        a_(f"  %wp{t} = getelementptr float, ptr %w, i64 {t}")
+        a_(f"  %ws{t} = load float, ptr %wp{t}")
+        a_(f"  %wv{t}.0 = insertelement {vt} poison, float %ws{t}, i64 0")
+        a_(f"  %wv{t} = shufflevector {vt} %wv{t}.0, {vt} poison, <{V} x i32> zeroinitializer")
+    for v in ("lo", "hi", "npos"):
+        a_(f"  %{v}32 = trunc i64 %{v} to i32")
+        a_(f"  %{v}v.0 = insertelement {it} poison, i32 %{v}32, i64 0")
+        a_(f"  %{v}v = shufflevector {it} %{v}v.0, {it} poison, {it} zeroinitializer")
+    a_(f"  %nvec.0 = add i64 %npos, {V - 1}")
+    a_(f"  %nvec = sdiv i64 %nvec.0, {V}")
+    a_("  %anyr = icmp sgt i64 %nrows, 0")
+    a_("  %anyv = icmp sgt i64 %nvec, 0")
+    a_("  %any = and i1 %anyr, %anyv")
+    a_("  br i1 %any, label %rows, label %done")
+    a_("rows:")
+    a_("  %u = phi i64 [0, %entry], [%u1, %rowend]")
+    a_("  %xu = mul i64 %u, %x_us")
+    a_("  %yu = mul i64 %u, %y_rs")
+    a_("  br label %vec")
+    a_("vec:")
+    a_("  %b = phi i64 [0, %rows], [%b1, %vec]")
+    a_(f"  %o0 = mul i64 %b, {V}")
+    a_("  %o032 = trunc i64 %o0 to i32")
+    a_(f"  %o0v.0 = insertelement {it} poison, i32 %o032, i64 0")
+    a_(f"  %o0v = shufflevector {it} %o0v.0, {it} poison, {it} zeroinitializer")
+    a_(f"  %oi = add {it} %o0v, <{lanes}>")
+    a_(f"  %om = icmp slt {it} %oi, %nposv")
+    for h, idx in (("a", half_lo), ("b", half_hi)):
+        a_(f"  %oo{h} = add {it} %o0v, <{idx}>")
+        a_(f"  %om{h} = icmp slt {it} %oo{h}, %nposv")
+    a_("  %e0 = shl i64 %o0, 1")
+    for k in range(KW):
+        a_(f"  %j{k} = add i64 %e0, {k}")
+        a_(f"  %j{k}32 = trunc i64 %j{k} to i32")
+        a_(f"  %j{k}v.0 = insertelement {it} poison, i32 %j{k}32, i64 0")
+        a_(f"  %j{k}v = shufflevector {it} %j{k}v.0, {it} poison, {it} zeroinitializer")
+        for h, off in (("a", lanes), ("b", upper)):
+            a_(f"  %ji{k}{h} = add {it} %j{k}v, <{off}>")
+            a_(f"  %ge{k}{h} = icmp sge {it} %ji{k}{h}, %lov")
+            a_(f"  %lt{k}{h} = icmp slt {it} %ji{k}{h}, %hiv")
+            a_(f"  %in{k}{h}.0 = and {mt} %ge{k}{h}, %lt{k}{h}")
+            a_(f"  %in{k}{h} = and {mt} %in{k}{h}.0, %om{h}")
+    acc = "zeroinitializer"
+    for r in range(R):
+        a_(f"  %xr{r}.0 = mul i64 %x_rs, {r}")
+        a_(f"  %xr{r} = add i64 %xr{r}.0, %xu")
+        for k in range(KW):
+            a_(f"  %xi{r}_{k} = add i64 %xr{r}, %j{k}")
+            a_(f"  %xp{r}_{k}a = getelementptr float, ptr %x, i64 %xi{r}_{k}")
+            a_(f"  %xp{r}_{k}b = getelementptr float, ptr %xp{r}_{k}a, i64 {V}")
+            for h in ("a", "b"):
+                a_(f"  %xl{r}_{k}{h} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %xp{r}_{k}{h}, i32 4, "
+                   f"{mt} %in{k}{h}, {vt} zeroinitializer)")
+            a_(f"  %xs{r}_{k} = shufflevector {vt} %xl{r}_{k}a, {vt} %xl{r}_{k}b, <{V} x i32> <{even}>")
+            a_(f"  %c{r}_{k} = call {vt} @llvm.fma.v{V}f32({vt} %wv{r * KW + k}, {vt} %xs{r}_{k}, {vt} {acc})")
+            acc = f"%c{r}_{k}"
+    a_("  %yi = add i64 %yu, %o0")
+    a_("  %yp = getelementptr float, ptr %y, i64 %yi")
+    a_(f"  call void @llvm.masked.store.v{V}f32.p0({vt} {acc}, ptr %yp, i32 4, {mt} %om)")
+    a_("  %b1 = add i64 %b, 1")
+    a_("  %morev = icmp slt i64 %b1, %nvec")
+    a_("  br i1 %morev, label %vec, label %rowend")
+    a_("rowend:")
+    a_("  %u1 = add i64 %u, 1")
+    a_("  %morer = icmp slt i64 %u1, %nrows")
+    a_("  br i1 %morer, label %rows, label %done")
+    a_("done:")
+    a_("  ret void")
+    a_("}")
+    return "\n".join(L)
+
+
+def _fwd2_entry_ir(V: int) -> tuple[str, list[str]]:
+    variants = [(R, KW) for R in range(1, DOT2_R + 1) for KW in range(1, DOT2_KW + 1)]
+    bodies = [_fwd2_variant_ir(f"fwd2_{R}_{KW}", R, KW, V) for R, KW in variants]
+    args = ", ".join(f"i64 %x{i}" for i in range(DOT2_NARGS))
+    out = [f"define void @fwd2(i64 %key, {args}) #0 {{", "entry:", "  switch i64 %key, label %done ["]
+    out += [f"    i64 {dot2_key(*v)}, label %c{dot2_key(*v)}" for v in variants]
+    out.append("  ]")
+    for R, KW in variants:
+        k = dot2_key(R, KW)
+        out += [f"c{k}:", f"  call void @fwd2_{R}_{KW}({args})", "  br label %done"]
+    out += ["done:", "  ret void", "}"]
+    return "\n".join(out), bodies
+
+
 def dot2_key(R: int, KW: int) -> int:
     """The ``dot2`` entry point's first argument for one variant (pure)."""
     return R * 8 + KW
@@ -792,6 +902,8 @@ def module_ir(V: int) -> str:
     parts += bodies + [entry]
     entry, bodies = _dot2_entry_ir(V)
     parts += bodies + [entry]
+    entry, bodies = _fwd2_entry_ir(V)
+    parts += bodies + [entry]
     parts.append(f'attributes #0 = {{ nounwind "min-legal-vector-width"="{V * 32}" }}')
     return "\n\n".join(parts) + "\n"
 
@@ -829,6 +941,7 @@ class Compiled:
         self.stencil_address = self._engine.get_function_address("stencil")
         self.up2_address = self._engine.get_function_address("up2")
         self.dot2_address = self._engine.get_function_address("dot2")
+        self.fwd2_address = self._engine.get_function_address("fwd2")
 
 
 @functools.lru_cache(maxsize=1)

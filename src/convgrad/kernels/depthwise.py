@@ -454,6 +454,28 @@ def _dot2_plan(spec: ConvSpec, r_max: int, kw_max: int, chunk: int) -> tuple | N
             np.array((OW, W, sh * W, pw, W + pw), dtype=np.int64))
 
 
+@functools.lru_cache(maxsize=256)
+def _fwd2_plan(spec: ConvSpec, r_max: int, kw_max: int) -> tuple | None:
+    """Calls of the compiled ``fwd2`` (``_ukernel._fwd2_variant_ir``) for the forward of the
+    layers ``_dot2_plan`` covers, where every output row takes all its kernel rows in one
+    call (at most ``r_max``: the calls store, never add); else None (pure). Returns
+    ``(calls, zero_rows, dims)`` as ``_depthwise_jit.forward_fwd2`` reads them: the calls
+    and dims of ``_dot2_plan`` (its per-call tap offset is the first weight here), and the
+    output rows no kernel row reaches (all padding), which are zero."""
+    plan = _dot2_plan(spec, r_max, kw_max, 1 << 62)
+    if plan is None:
+        return None
+    calls, dims = plan
+    if len(set(calls[:, 2].tolist())) != len(calls):      # a row's kernel rows split over calls
+        return None
+    ow = int(dims[0])
+    covered = set()
+    for _, _, y_off, _, rows in calls.tolist():
+        covered.update(range(y_off // ow, y_off // ow + rows))
+    oh = spec.dst[0] if spec.nsp == 2 else 1
+    return calls, np.array([r for r in range(oh) if r not in covered], dtype=np.int64), dims
+
+
 _NO_STENCIL = (0, np.zeros((0, 6), dtype=np.int64), np.zeros(0, dtype=np.int64))
 
 
@@ -539,10 +561,17 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
                             CB_CHANNELS if cl else 1)
 
     stencil = _stencil_args(spec, "fwd", dtype, cl)
+    compiled = _micro_kernels() if not cl and dtype == np.float32 else None
+    fwd2 = None
+    if compiled is not None:
+        from ._ukernel import DOT2_KW, DOT2_R
+        fwd2 = _fwd2_plan(spec, DOT2_R, DOT2_KW)
 
     def work(b):
         x, xc0 = get_x(*b)
-        if cl:
+        if fwd2 is not None:
+            jit.forward_fwd2(x, xc0, w, dst, 0, b[0], b[1], compiled.fwd2_address, *fwd2)
+        elif cl:
             jit.forward_cl(x, xc0, w, dst, 0, b[0], b[1], geo, *_transpose_args(dtype))
         else:
             jit.forward(x, xc0, w, dst, 0, b[0], b[1], geo, *stencil)
