@@ -4,6 +4,7 @@ caps, inputs untouched, the NumPy fallback without numba, and the errors of the 
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -297,8 +298,8 @@ def test_stride_two_data_gradient_straight_from_diff_dst(monkeypatch):
 
 
 @needs_numba
-def test_dot2_micro_kernel_every_variant():
-    """The compiled stride-2 weight-gradient family (``_ukernel._dot2_variant_ir``) against
+def test_rowdot_micro_kernel_every_variant():
+    """The compiled stride-2 weight-gradient family (``_ukernel._rowdot_variant_ir``) against
     its formula: every (R, KW) variant, rows of every length around the vector width,
     columns cut at both ends (``lo``, ``hi``), sums added to what ``acc`` held; an input
     cell outside ``[lo, hi)`` or past the row's outputs is never multiplied (inf there
@@ -308,10 +309,9 @@ def test_dot2_micro_kernel_every_variant():
     built = _ukernel.compiled()
     if built is None:
         pytest.skip("the micro-kernels need an x86-64 CPU with AVX2 and FMA")
-    call = ctypes.CFUNCTYPE(None, *([ctypes.c_int64] * 11))(built.dot2_address)
+    call = ctypes.CFUNCTYPE(None, *([ctypes.c_int64] * 11))(built.rowdot_address)
     V, rng = built.lanes, np.random.default_rng(9)
-    for R in range(1, _ukernel.DOT2_R + 1):
-        for KW in range(1, _ukernel.DOT2_KW + 1):
+    for R, KW, S in itertools.product(range(1, _ukernel.ROW_R + 1), range(1, _ukernel.ROW_KW + 1), (1, 2)):
             for npos, nrows, lo, hi in ((V, 1, 0, 2 * V + 3), (V + 5, 3, 1, 2 * V + 8), (3, 2, 2, 7), (2 * V, 2, 0, 9)):
                 x_rs, dy_rs = 4 * V + 11, 2 * V + 9
                 x_us, x0 = 2 * x_rs, 3 * x_rs + 2
@@ -321,22 +321,23 @@ def test_dot2_micro_kernel_every_variant():
                         row = x0 + u * x_us + r * x_rs
                         x[row - 2:row + lo] = np.inf                     # the padding: never read
                         x[row + hi:row + hi + 2] = np.inf
-                        x[row + 2 * npos + KW - 1:row + 2 * npos + KW + 1] = np.inf   # past the outputs
+                        last = S * (npos - 1) + KW - 1
+                        x[row + max(hi, last + 1):row + max(hi, last + 1) + 2] = np.inf   # past the outputs
                 dy = rng.standard_normal(nrows * dy_rs).astype(np.float32)
                 acc = rng.standard_normal(R * KW).astype(np.float32)
                 want = acc.astype(np.float64)
-                call(_ukernel.dot2_key(R, KW), x.ctypes.data + 4 * x0, dy.ctypes.data, acc.ctypes.data, npos, nrows,
+                call(_ukernel.row_key(R, KW, S), x.ctypes.data + 4 * x0, dy.ctypes.data, acc.ctypes.data, npos, nrows,
                      x_rs, x_us, dy_rs, lo, hi)
                 for r in range(R):
                     for k in range(KW):
-                        want[r * KW + k] += sum(float(dy[u * dy_rs + o]) * float(x[x0 + u * x_us + r * x_rs + 2 * o + k])
-                                                for u in range(nrows) for o in range(npos) if lo <= 2 * o + k < hi)
-                np.testing.assert_allclose(acc, want, rtol=1e-4, atol=1e-4, err_msg=str((R, KW, npos, nrows, lo, hi)))
+                        want[r * KW + k] += sum(float(dy[u * dy_rs + o]) * float(x[x0 + u * x_us + r * x_rs + S * o + k])
+                                                for u in range(nrows) for o in range(npos) if lo <= S * o + k < hi)
+                np.testing.assert_allclose(acc, want, rtol=1e-4, atol=1e-4, err_msg=str((R, KW, S, npos, nrows, lo, hi)))
 
 
 @needs_numba
-def test_fwd2_micro_kernel_every_variant():
-    """The compiled stride-2 forward family (``_ukernel._fwd2_variant_ir``) against its
+def test_rowfwd_micro_kernel_every_variant():
+    """The compiled stride-2 forward family (``_ukernel._rowfwd_variant_ir``) against its
     formula: every (R, KW) variant, rows of every length around the vector width, columns
     cut at both ends, nothing stored past a row's outputs (the guard values stay), the
     padding never multiplied (inf there leaves the outputs finite)."""
@@ -345,10 +346,9 @@ def test_fwd2_micro_kernel_every_variant():
     built = _ukernel.compiled()
     if built is None:
         pytest.skip("the micro-kernels need an x86-64 CPU with AVX2 and FMA")
-    call = ctypes.CFUNCTYPE(None, *([ctypes.c_int64] * 11))(built.fwd2_address)
+    call = ctypes.CFUNCTYPE(None, *([ctypes.c_int64] * 11))(built.rowfwd_address)
     V, rng = built.lanes, np.random.default_rng(10)
-    for R in range(1, _ukernel.DOT2_R + 1):
-        for KW in range(1, _ukernel.DOT2_KW + 1):
+    for R, KW, S in itertools.product(range(1, _ukernel.ROW_R + 1), range(1, _ukernel.ROW_KW + 1), (1, 2)):
             for npos, nrows, lo, hi in ((V, 1, 0, 2 * V + 3), (V + 5, 3, 1, 2 * V + 8), (3, 2, 2, 7), (2 * V, 2, 0, 9)):
                 x_rs, y_rs = 4 * V + 11, 2 * V + 9
                 x_us, x0 = 2 * x_rs, 3 * x_rs + 2
@@ -360,21 +360,22 @@ def test_fwd2_micro_kernel_every_variant():
                         x[row + hi:row + hi + 2] = np.inf
                 w = rng.standard_normal(R * KW).astype(np.float32)
                 y = np.full(nrows * y_rs, -9.0, np.float32)
-                call(_ukernel.dot2_key(R, KW), x.ctypes.data + 4 * x0, w.ctypes.data, y.ctypes.data, npos, nrows,
+                call(_ukernel.row_key(R, KW, S), x.ctypes.data + 4 * x0, w.ctypes.data, y.ctypes.data, npos, nrows,
                      x_rs, x_us, y_rs, lo, hi)
                 want = np.full_like(y, -9.0)
                 for u in range(nrows):
                     for o in range(npos):
-                        want[u * y_rs + o] = sum(float(w[r * KW + k]) * float(x[x0 + u * x_us + r * x_rs + 2 * o + k])
-                                                 for r in range(R) for k in range(KW) if lo <= 2 * o + k < hi)
-                np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4, err_msg=str((R, KW, npos, nrows, lo, hi)))
+                        want[u * y_rs + o] = sum(float(w[r * KW + k]) * float(x[x0 + u * x_us + r * x_rs + S * o + k])
+                                                 for r in range(R) for k in range(KW) if lo <= S * o + k < hi)
+                np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4, err_msg=str((R, KW, S, npos, nrows, lo, hi)))
 
 
 @needs_numba
-def test_stride_two_weight_gradient_and_forward_straight_from_the_arrays(monkeypatch):
-    """The float32 weight gradient and forward of layers with stride 2 along the rows and
-    one output channel per input channel run the compiled ``dot2`` / ``fwd2`` calls
-    (``_dot2_plan``, ``_fwd2_plan``) with no phase grids: every width and front pad,
+def test_row_kernels_weight_gradient_forward_and_flipped_data_gradient(monkeypatch):
+    """The float32 weight gradient and forward of layers with stride 1 or 2 along the rows
+    and one output channel per input channel run the compiled ``rowdot`` / ``rowfwd`` calls
+    (``_row_plan``, ``_rowfwd_plan``; stride-1 data gradients as the flipped forward, rows
+    of at most ``ROW_FWD_MAX_WIDTH``) with no phase grids: every width and front pad,
     kernels 1-4 wide and 1-5 tall (more kernel rows than one call takes: the forward then
     keeps the phase grids), stride 1 or 2 between rows (edge rows with fewer kernel rows,
     output rows of padding only), 1-D and 2-D, several images, huge pads, rows longer
@@ -389,30 +390,55 @@ def test_stride_two_weight_gradient_and_forward_straight_from_the_arrays(monkeyp
         for kw in (1, 2, 3, 4):
             for pb in range(3):
                 for kh, sh, ph in ((1, 1, 0), (3, 2, 1), (2, 1, 1), (5, 1, 2), (4, 2, 0)):
-                    pe = (w_in + pb) % 2
-                    spec = _spec(2, 3, 1, (9, w_in), (kh, kw), (sh, 2), (1, 1), (ph, pb), (0, pe))
-                    if not feasible(spec.src, spec.kernel, (1, 1), spec.pads_begin, spec.pads_end):
-                        continue
-                    assert dwk._dot2_plan(spec, 3, 4, dwk.DOT_CHUNK) is not None, str(spec)
-                    assert (dwk._fwd2_plan(spec, 3, 4) is not None) == (kh <= 3), str(spec)
-                    covered += 1
-                    _check(spec, rng, np.float32)
-    assert covered > 300
+                    for sw in (1, 2):
+                        pe = (w_in + pb) % 2 if sw == 2 else min(kw - 1, 1)
+                        spec = _spec(2, 3, 1, (9, w_in), (kh, kw), (sh, sw), (1, 1), (ph, min(pb, kw - 1)), (0, pe))
+                        if not feasible(spec.src, spec.kernel, (1, 1), spec.pads_begin, spec.pads_end):
+                            continue
+                        assert dwk._row_plan(spec, 3, 4, dwk.DOT_CHUNK) is not None, str(spec)
+                        assert (dwk._rowfwd_plan(spec, 3, 4) is not None) == (kh <= 3), str(spec)
+                        covered += 1
+                        _check(spec, rng, np.float32)
+    assert covered > 600
     monkeypatch.setattr(dwk, "DOT_CHUNK", 40)             # calls of one or a few rows
-    dwk._dot2_plan.cache_clear()
+    dwk._row_plan.cache_clear()
     for spec in (_spec(3, 2, 1, (301,), (3,), (2,), (1,), (9,), (7,)),
                  _spec(1, 4, 1, (40, 45), (3, 3), (2, 2), (1, 1), (1, 1), (0, 1)),
                  _spec(2, 2, 1, (9, 30), (2, 4), (2, 2), (1, 1), (5, 6), (6, 2))):     # rows of padding only
-        assert dwk._dot2_plan(spec, 3, 4, dwk.DOT_CHUNK) is not None and dwk._fwd2_plan(spec, 3, 4) is not None
+        assert dwk._row_plan(spec, 3, 4, dwk.DOT_CHUNK) is not None and dwk._rowfwd_plan(spec, 3, 4) is not None
         _check(spec, rng, np.float32)
-    assert len(dwk._fwd2_plan(_spec(2, 2, 1, (9, 30), (2, 4), (2, 2), (1, 1), (5, 6), (6, 2)), 3, 4)[1]) > 0
-    dwk._dot2_plan.cache_clear()
+    assert len(dwk._rowfwd_plan(_spec(2, 2, 1, (9, 30), (2, 4), (2, 2), (1, 1), (5, 6), (6, 2)), 3, 4)[1]) > 0
+    dwk._row_plan.cache_clear()
     for spec in (_spec(1, 2, 2, (9, 30), (3, 3), (2, 2), (1, 1), (1, 1), (0, 0)),     # multiplier 2
                  _spec(1, 2, 1, (9, 30), (3, 3), (2, 2), (1, 2), (1, 1), (0, 0)),     # dilated rows
                  _spec(1, 2, 1, (9, 30), (3, 5), (2, 2), (1, 1), (1, 1), (0, 0)),     # 5 wide
                  _spec(1, 2, 1, (4, 9, 30), (2, 3, 3), (1, 2, 2), (1, 1, 1), (0, 1, 1), (0, 0, 0))):
-        assert dwk._dot2_plan(spec, 3, 4, dwk.DOT_CHUNK) is None and dwk._fwd2_plan(spec, 3, 4) is None
+        assert dwk._row_plan(spec, 3, 4, dwk.DOT_CHUNK) is None and dwk._rowfwd_plan(spec, 3, 4) is None
         _check(spec, rng, np.float32)
+
+
+@needs_numba
+def test_phase_grid_micro_kernels_where_the_row_kernels_do_not_run(monkeypatch):
+    """With the row kernels off (no row stride of theirs, no forward width), the float32
+    phase grids keep the compiled stencil (stride 1) and lane-sum weight gradients: random
+    problems of 1-3 axes against the reference, and a row wider than ROW_FWD_MAX_WIDTH
+    takes the stencil with the row kernels on."""
+    monkeypatch.setattr(dwk, "SMALL_IMAGE", -1)
+    monkeypatch.setattr(dwk, "SMALL_IMAGE_BWD_WEIGHTS", -1)
+    rng = np.random.default_rng(23)
+    wide = _spec(1, 3, 1, (6, dwk.ROW_FWD_MAX_WIDTH + 5), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    assert dwk._rowfwd_plan(wide, 3, 4) is None and dwk._flipped_rows(wide, np.dtype(np.float32), False) is None
+    _check(wide, rng, np.float32)
+    monkeypatch.setattr(dwk, "ROW_STRIDES", ())
+    dwk._row_plan.cache_clear()
+    dwk._rowfwd_plan.cache_clear()
+    try:
+        for nsp in (1, 2, 3):
+            for _ in range(4):
+                _check(_random_spec(rng, nsp, 1), rng, np.float32)
+    finally:
+        dwk._row_plan.cache_clear()
+        dwk._rowfwd_plan.cache_clear()
 
 
 @needs_numba

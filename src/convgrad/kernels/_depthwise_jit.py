@@ -45,23 +45,28 @@ derivation is) skips the phase grids too: ``backward_data_up2`` places ``diff_ds
 zero-margined buffer and the compiled ``up2`` writes each dx row from it, both column
 phases of a pair from one doubled load (one thread, us, phase grids / up2: conv2_2/dw
 (64 x 112^2) 190-194 / 112-120, conv3_2/dw (128 x 56^2) 145-146 / 78-79). Their weight
-gradient likewise (``backward_weights_dot2``, ``depthwise._dot2_plan``): the compiled
-``dot2`` reads the input rows in place, gathering the stride-2 cells of each tap from two
-masked loads (the padding masked off), and sums against ``diff_dst`` in the vector lanes
-(one thread, us, phase grids / dot2: conv2_2/dw 161-170 / 112-117, conv3_2/dw 136-137 /
-59-62), and their forward where every output row takes its kernel rows in one call
-(``forward_fwd2``, ``depthwise._fwd2_plan``: the same gathers times broadcast weights;
-155-164 / 119-120 and 122-126 / 65).
+gradient, and the weight gradient of stride-1 rows, likewise (``backward_weights_rows``,
+``depthwise._row_plan``): the compiled ``rowdot`` reads the input rows in place (each
+tap's cells from one masked load, or at stride 2 gathered from two, the padding masked
+off) and sums against ``diff_dst`` in the vector lanes (one thread, us, phase grids /
+rows: conv2_2/dw 161-170 / 112-117, conv3_2/dw 136-137 / 59-62; stride 1: conv2_1/dw
+(32 x 112^2) 118 / 106, conv3_1/dw 141 / 107, conv4_1/dw (256 x 28^2) 123 / 63). Their
+forward, and stride-1 forwards and data gradients (the flipped forward) with rows of at
+most ``depthwise.ROW_FWD_MAX_WIDTH`` outputs, take ``rowfwd`` (``forward_rows``,
+``depthwise._rowfwd_plan``: the same reads times broadcast weights, every output row in
+one call; stride 2: 155-164 / 119-120 and 122-126 / 65; conv4_1/dw forward 107-112 /
+68-71, data gradient 95-97 / 73-75).
 
 Order of every sum (fixed, independent of the chunking and of the thread count): fwd, taps
-row-major (in ``fwd2`` too; in the stencil: block after block, row-major inside a block; a kernel of at
-most 3 x 3 taps is one block); bwd_data, ``m`` then the taps of the element's phase
+row-major (in ``rowfwd`` too; in the stencil: block after block, row-major inside a
+block; a kernel of at most 3 x 3 taps is one block); bwd_data, ``m`` then the taps of the element's phase
 row-major (in the stencil: ``m``, then the mirrored taps block by block; in ``up2``: the
 kernel rows reaching the dx row in ascending order, then the element's taps along the row
-in ascending order); bwd_weights in float32 with ``dot2``: per image and call (rows of
+in ascending order); bwd_weights in float32 with ``rowdot``: per image and call (rows of
 ``DOT_CHUNK`` positions at most), the lanes summed from zero over rows then positions,
 added by a fixed halving tree to the tap's running sum, image after image; in float32
-with the compiled micro-kernels (``_dot_taps``): per image and per planned call, chunks of ``DOT_CHUNK`` positions, each summed in the vector lanes from zero and the lanes
+with the compiled micro-kernels (``_dot_taps``): per image and per planned call, chunks
+of ``DOT_CHUNK`` positions, each summed in the vector lanes from zero and the lanes
 added by a fixed halving tree, added to the tap's running sum chunk after chunk, image
 after image; otherwise (float64, or no micro-kernels), per lane ``p % R`` and block of
 BLOCK positions a sum from zero over ``p`` ascending (kept in registers, ``_group``),
@@ -80,7 +85,7 @@ from __future__ import annotations
 import numpy as np
 from numba import carray, njit
 
-from ._jit_common import (JIT, _dot2, _dotkernel, _fwd2, _stencil, _transpose, _up2, copy_elems,
+from ._jit_common import (JIT, _rowdot, _dotkernel, _rowfwd, _stencil, _transpose, _up2, copy_elems,
                           gather_strided, stack_registers, stencil_key)
 
 FOLD = 4         # lanes left by the halving fold of the weight gradient, added in float64
@@ -506,10 +511,10 @@ def backward_data_up2(dy, dyc0, w, dx, dxc0, c0, c1, addr, calls, widx, zero_row
 
 
 @njit(nogil=True, cache=True)
-def forward_fwd2(x, xc0, w, y, yc0, c0, c1, addr, calls, zero_rows, dims):
-    """The forward of a layer with stride 2 along its rows (``depthwise._fwd2_plan``, one
+def forward_rows(x, xc0, w, y, yc0, c0, c1, addr, calls, zero_rows, dims):
+    """The forward of a layer with stride 2 along its rows (``depthwise._rowfwd_plan``, one
     output channel per input channel) straight from the input rows through the compiled
-    ``fwd2`` calls (key, input offset, output offset, first weight, rows), the output rows
+    ``rowfwd`` calls (key, input offset, output offset, first weight, rows), the output rows
     no kernel row reaches zeroed."""
     npos, x_rs, x_us, lo, hi = dims[0], dims[1], dims[2], dims[3], dims[4]
     item = x.itemsize
@@ -522,15 +527,15 @@ def forward_fwd2(x, xc0, w, y, yc0, c0, c1, addr, calls, zero_rows, dims):
                 yf[r * npos:(r + 1) * npos] = 0.0
             ya = yf.ctypes.data
             for k in range(calls.shape[0]):
-                _fwd2(addr, calls[k, 0], xa + item * calls[k, 1], wa + item * calls[k, 3], ya + item * calls[k, 2],
+                _rowfwd(addr, calls[k, 0], xa + item * calls[k, 1], wa + item * calls[k, 3], ya + item * calls[k, 2],
                       npos, calls[k, 4], x_rs, x_us, npos, lo, hi)
 
 
 @njit(nogil=True, cache=True)
-def backward_weights_dot2(x, xc0, dy, dyc0, dw, c0, c1, addr, calls, dims):
-    """The weight gradient of a layer with stride 2 along its rows (``depthwise._dot2_plan``,
+def backward_weights_rows(x, xc0, dy, dyc0, dw, c0, c1, addr, calls, dims):
+    """The weight gradient of a layer with stride 2 along its rows (``depthwise._row_plan``,
     one output channel per input channel) straight from the arrays through the compiled
-    ``dot2`` calls: per channel the taps' running sums start at zero, then image after
+    ``rowdot`` calls: per channel the taps' running sums start at zero, then image after
     image, call after call (key, input offset, diff_dst offset, first tap, rows), each
     call's lane sums are added to them. ``dims``: (positions per row, input row stride,
     input stride between a call's rows, lo, hi)."""
@@ -544,7 +549,7 @@ def backward_weights_dot2(x, xc0, dy, dyc0, dw, c0, c1, addr, calls, dims):
             xa = x[n, c - xc0].ctypes.data
             da = dy[n, c - dyc0].ctypes.data
             for k in range(calls.shape[0]):
-                _dot2(addr, calls[k, 0], xa + item * calls[k, 1], da + item * calls[k, 2], wa + item * calls[k, 3],
+                _rowdot(addr, calls[k, 0], xa + item * calls[k, 1], da + item * calls[k, 2], wa + item * calls[k, 3],
                       npos, calls[k, 4], x_rs, x_us, npos, lo, hi)
 
 

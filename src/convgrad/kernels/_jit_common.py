@@ -145,14 +145,14 @@ def _up2(typingctx, addr, key, x, w, y, nvec, x_rs, y_rs, lo, hi):
 
 
 @intrinsic
-def _dot2(typingctx, addr, key, x, dy, acc, npos, nrows, x_rs, x_us, dy_rs, lo, hi):
-    """``dot2(key, x, dy, acc, npos, nrows, x_rs, x_us, dy_rs, lo, hi)`` at ``addr``
-    (``_ukernel._dot2_variant_ir``; ``key`` from ``_ukernel.dot2_key``)."""
+def _rowdot(typingctx, addr, key, x, dy, acc, npos, nrows, x_rs, x_us, dy_rs, lo, hi):
+    """``rowdot(key, x, dy, acc, npos, nrows, x_rs, x_us, dy_rs, lo, hi)`` at ``addr``
+    (``_ukernel._rowdot_variant_ir``; ``key`` from ``_ukernel.row_key``)."""
     return _indirect_call(11)
 
 
 @intrinsic
-def _fwd2(typingctx, addr, key, x, w, y, npos, nrows, x_rs, x_us, y_rs, lo, hi):
-    """``fwd2(key, x, w, y, npos, nrows, x_rs, x_us, y_rs, lo, hi)`` at ``addr``
-    (``_ukernel._fwd2_variant_ir``; ``key`` from ``_ukernel.dot2_key``)."""
+def _rowfwd(typingctx, addr, key, x, w, y, npos, nrows, x_rs, x_us, y_rs, lo, hi):
+    """``rowfwd(key, x, w, y, npos, nrows, x_rs, x_us, y_rs, lo, hi)`` at ``addr``
+    (``_ukernel._rowfwd_variant_ir``; ``key`` from ``_ukernel.row_key``)."""
     return _indirect_call(11)

@@ -83,11 +83,12 @@ STENCIL_NARGS = 7     # x, w, y, npos, x_rs, x_cs, y_rs
 # taps of each parity per row (kernels up to 2*UP2_A wide), UP2_U output rows per call.
 UP2_R, UP2_A, UP2_U = 3, 2, 4
 UP2_NARGS = 8         # x, w, y, nvec, x_rs, y_rs, lo, hi: see _up2_variant_ir
-# The stride-2 weight-gradient and forward families (``_dot2_variant_ir``,
-# ``_fwd2_variant_ir``): up to DOT2_R kernel rows of up to DOT2_KW taps per call (R*KW
-# accumulators, or broadcast weights); the same ten arguments.
-DOT2_R, DOT2_KW = 3, 4
-DOT2_NARGS = 10       # x, dy or w, acc or y, npos, nrows, x_rs, x_us, dy_rs or y_rs, lo, hi
+# The row weight-gradient and forward families (``_rowdot_variant_ir``,
+# ``_rowfwd_variant_ir``; depthwise rows read in place, stride 1 or 2 along them): up to
+# ROW_R kernel rows of up to ROW_KW taps per call (R*KW accumulators, or broadcast
+# weights); the same ten arguments.
+ROW_R, ROW_KW = 3, 4
+ROW_NARGS = 10       # x, dy or w, acc or y, npos, nrows, x_rs, x_us, dy_rs or y_rs, lo, hi
 NARGS = 13      # a, b, y, aoff, boff, ntaps, K, a_rs, a_ks, b_ks, y_rs, acc, tail
 
 
@@ -458,14 +459,15 @@ def _up2_variant_ir(name: str, R: int, A: int, U: int, V: int) -> str:
     return "\n".join(L)
 
 
-def _dot2_variant_ir(name: str, R: int, KW: int, V: int) -> str:
-    """One ``(R, KW)`` variant of the stride-2 weight-gradient family (``module_ir``):
+def _rowdot_variant_ir(name: str, R: int, KW: int, V: int, S: int = 2) -> str:
+    """One ``(R, KW, S)`` variant of the row weight-gradient family (``module_ir``):
     ``acc[r*KW + k] += sum over u < nrows, o < npos of dy[u*dy_rs + o] *
-    x[u*x_us + r*x_rs + 2*o + k]`` for r < R, k < KW, where an ``x`` element counts only
-    if ``lo <= 2*o + k < hi`` (outside it reads as zero: the padding). The stride-2
-    elements of ``x`` are gathered from two masked loads by one two-source shuffle (the
-    even lanes); the sums run in the vector lanes from zero, then a fixed halving tree
-    adds each accumulator's lanes into ``acc``."""
+    x[u*x_us + r*x_rs + S*o + k]`` for r < R, k < KW, where an ``x`` element counts only
+    if ``lo <= S*o + k < hi`` (outside it reads as zero: the padding) and its output is
+    real (``o < npos``). Stride S = 1: one masked load per tap; S = 2: the stride-2
+    elements gathered from two masked loads by one two-source shuffle (the even lanes).
+    The sums run in the vector lanes from zero, then a fixed halving tree adds each
+    accumulator's lanes into ``acc``."""
     vt = f"<{V} x float>"
     it = f"<{V} x i32>"
     mt = f"<{V} x i1>"
@@ -509,6 +511,7 @@ def _dot2_variant_ir(name: str, R: int, KW: int, V: int) -> str:
     a_(f"  %o0v = shufflevector {it} %o0v.0, {it} poison, {it} zeroinitializer")
     a_(f"  %oi = add {it} %o0v, <{lanes}>")
     a_(f"  %dm = icmp slt {it} %oi, %nposv")
+    a_(f"  %om = and {mt} %dm, %dm")
     a_("  %di = add i64 %du, %o0")
     a_("  %dp = getelementptr float, ptr %d, i64 %di")
     a_(f"  %dv = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %dp, i32 4, {mt} %dm, {vt} zeroinitializer)")
@@ -516,19 +519,19 @@ def _dot2_variant_ir(name: str, R: int, KW: int, V: int) -> str:
     for h, idx in (("a", half_lo), ("b", half_hi)):
         a_(f"  %oo{h} = add {it} %o0v, <{idx}>")
         a_(f"  %om{h} = icmp slt {it} %oo{h}, %nposv")
-    a_("  %e0 = shl i64 %o0, 1")
+    a_(f"  %e0 = mul i64 %o0, {S}")
     for k in range(KW):
-        # element indices 2*o0 + k + lane (first load) and + V (second)
+        # element indices S*o0 + k + lane (first load) and + V (second, S == 2)
         a_(f"  %j{k} = add i64 %e0, {k}")
         a_(f"  %j{k}32 = trunc i64 %j{k} to i32")
         a_(f"  %j{k}v.0 = insertelement {it} poison, i32 %j{k}32, i64 0")
         a_(f"  %j{k}v = shufflevector {it} %j{k}v.0, {it} poison, {it} zeroinitializer")
-        for h, off in (("a", lanes), ("b", upper)):
+        for h, off in (("a", lanes), ("b", upper))[:S]:
             a_(f"  %ji{k}{h} = add {it} %j{k}v, <{off}>")
             a_(f"  %ge{k}{h} = icmp sge {it} %ji{k}{h}, %lov")
             a_(f"  %lt{k}{h} = icmp slt {it} %ji{k}{h}, %hiv")
             a_(f"  %in{k}{h}.0 = and {mt} %ge{k}{h}, %lt{k}{h}")
-            a_(f"  %in{k}{h} = and {mt} %in{k}{h}.0, %om{h}")
+            a_(f"  %in{k}{h} = and {mt} %in{k}{h}.0, %om{h if S == 2 else ''}")
     for r in range(R):
         a_(f"  %xr{r}.0 = mul i64 %x_rs, {r}")
         a_(f"  %xr{r} = add i64 %xr{r}.0, %xu")
@@ -536,10 +539,13 @@ def _dot2_variant_ir(name: str, R: int, KW: int, V: int) -> str:
             a_(f"  %xi{r}_{k} = add i64 %xr{r}, %j{k}")
             a_(f"  %xp{r}_{k}a = getelementptr float, ptr %x, i64 %xi{r}_{k}")
             a_(f"  %xp{r}_{k}b = getelementptr float, ptr %xp{r}_{k}a, i64 {V}")
-            for h in ("a", "b"):
+            for h in ("a", "b")[:S]:
                 a_(f"  %xl{r}_{k}{h} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %xp{r}_{k}{h}, i32 4, "
                    f"{mt} %in{k}{h}, {vt} zeroinitializer)")
-            a_(f"  %xs{r}_{k} = shufflevector {vt} %xl{r}_{k}a, {vt} %xl{r}_{k}b, <{V} x i32> <{even}>")
+            if S == 2:
+                a_(f"  %xs{r}_{k} = shufflevector {vt} %xl{r}_{k}a, {vt} %xl{r}_{k}b, <{V} x i32> <{even}>")
+            else:
+                a_(f"  %xs{r}_{k} = shufflevector {vt} %xl{r}_{k}a, {vt} poison, <{V} x i32> <{lanes}>")
             a_(f"  %n{r}_{k} = call {vt} @llvm.fma.v{V}f32({vt} %dv, {vt} %xs{r}_{k}, {vt} %c{r}_{k})")
     a_("  %b1 = add i64 %b, 1")
     a_("  %morev = icmp slt i64 %b1, %nvec")
@@ -573,13 +579,12 @@ def _dot2_variant_ir(name: str, R: int, KW: int, V: int) -> str:
     return "\n".join(L)
 
 
-def _fwd2_variant_ir(name: str, R: int, KW: int, V: int) -> str:
-    """One ``(R, KW)`` variant of the stride-2 forward family (``module_ir``): for u <
+def _rowfwd_variant_ir(name: str, R: int, KW: int, V: int, S: int = 2) -> str:
+    """One ``(R, KW, S)`` variant of the row forward family (``module_ir``): for u <
     nrows and o < npos, ``y[u*y_rs + o] = sum over r < R, k < KW of w[r*KW + k] *
-    x[u*x_us + r*x_rs + 2*o + k]``, an ``x`` element counting only where ``lo <= 2*o + k
-    < hi`` (the padding reads as zero): each tap's stride-2 elements gathered from two
-    masked loads by one two-source shuffle (``_dot2_variant_ir``'s gather), times the
-    weight broadcast; the last vector of a row stored masked."""
+    x[u*x_us + r*x_rs + S*o + k]``, an ``x`` element counting only where ``lo <= S*o + k
+    < hi`` (the padding reads as zero): each tap's elements read as ``_rowdot_variant_ir``
+    reads them, times the weight broadcast; the last vector of a row stored masked."""
     vt = f"<{V} x float>"
     it = f"<{V} x i32>"
     mt = f"<{V} x i1>"
@@ -626,18 +631,18 @@ def _fwd2_variant_ir(name: str, R: int, KW: int, V: int) -> str:
     for h, idx in (("a", half_lo), ("b", half_hi)):
         a_(f"  %oo{h} = add {it} %o0v, <{idx}>")
         a_(f"  %om{h} = icmp slt {it} %oo{h}, %nposv")
-    a_("  %e0 = shl i64 %o0, 1")
+    a_(f"  %e0 = mul i64 %o0, {S}")
     for k in range(KW):
         a_(f"  %j{k} = add i64 %e0, {k}")
         a_(f"  %j{k}32 = trunc i64 %j{k} to i32")
         a_(f"  %j{k}v.0 = insertelement {it} poison, i32 %j{k}32, i64 0")
         a_(f"  %j{k}v = shufflevector {it} %j{k}v.0, {it} poison, {it} zeroinitializer")
-        for h, off in (("a", lanes), ("b", upper)):
+        for h, off in (("a", lanes), ("b", upper))[:S]:
             a_(f"  %ji{k}{h} = add {it} %j{k}v, <{off}>")
             a_(f"  %ge{k}{h} = icmp sge {it} %ji{k}{h}, %lov")
             a_(f"  %lt{k}{h} = icmp slt {it} %ji{k}{h}, %hiv")
             a_(f"  %in{k}{h}.0 = and {mt} %ge{k}{h}, %lt{k}{h}")
-            a_(f"  %in{k}{h} = and {mt} %in{k}{h}.0, %om{h}")
+            a_(f"  %in{k}{h} = and {mt} %in{k}{h}.0, %om{h if S == 2 else ''}")
     acc = "zeroinitializer"
     for r in range(R):
         a_(f"  %xr{r}.0 = mul i64 %x_rs, {r}")
@@ -646,10 +651,13 @@ def _fwd2_variant_ir(name: str, R: int, KW: int, V: int) -> str:
             a_(f"  %xi{r}_{k} = add i64 %xr{r}, %j{k}")
             a_(f"  %xp{r}_{k}a = getelementptr float, ptr %x, i64 %xi{r}_{k}")
             a_(f"  %xp{r}_{k}b = getelementptr float, ptr %xp{r}_{k}a, i64 {V}")
-            for h in ("a", "b"):
+            for h in ("a", "b")[:S]:
                 a_(f"  %xl{r}_{k}{h} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %xp{r}_{k}{h}, i32 4, "
                    f"{mt} %in{k}{h}, {vt} zeroinitializer)")
-            a_(f"  %xs{r}_{k} = shufflevector {vt} %xl{r}_{k}a, {vt} %xl{r}_{k}b, <{V} x i32> <{even}>")
+            if S == 2:
+                a_(f"  %xs{r}_{k} = shufflevector {vt} %xl{r}_{k}a, {vt} %xl{r}_{k}b, <{V} x i32> <{even}>")
+            else:
+                a_(f"  %xs{r}_{k} = shufflevector {vt} %xl{r}_{k}a, {vt} poison, <{V} x i32> <{lanes}>")
             a_(f"  %c{r}_{k} = call {vt} @llvm.fma.v{V}f32({vt} %wv{r * KW + k}, {vt} %xs{r}_{k}, {vt} {acc})")
             acc = f"%c{r}_{k}"
     a_("  %yi = add i64 %yu, %o0")
@@ -668,35 +676,35 @@ def _fwd2_variant_ir(name: str, R: int, KW: int, V: int) -> str:
     return "\n".join(L)
 
 
-def _fwd2_entry_ir(V: int) -> tuple[str, list[str]]:
-    variants = [(R, KW) for R in range(1, DOT2_R + 1) for KW in range(1, DOT2_KW + 1)]
-    bodies = [_fwd2_variant_ir(f"fwd2_{R}_{KW}", R, KW, V) for R, KW in variants]
-    args = ", ".join(f"i64 %x{i}" for i in range(DOT2_NARGS))
-    out = [f"define void @fwd2(i64 %key, {args}) #0 {{", "entry:", "  switch i64 %key, label %done ["]
-    out += [f"    i64 {dot2_key(*v)}, label %c{dot2_key(*v)}" for v in variants]
+def _rowfwd_entry_ir(V: int) -> tuple[str, list[str]]:
+    variants = [(R, KW, S) for S in (1, 2) for R in range(1, ROW_R + 1) for KW in range(1, ROW_KW + 1)]
+    bodies = [_rowfwd_variant_ir(f"rowfwd_{R}_{KW}_{S}", R, KW, V, S) for R, KW, S in variants]
+    args = ", ".join(f"i64 %x{i}" for i in range(ROW_NARGS))
+    out = [f"define void @rowfwd(i64 %key, {args}) #0 {{", "entry:", "  switch i64 %key, label %done ["]
+    out += [f"    i64 {row_key(*v)}, label %c{row_key(*v)}" for v in variants]
     out.append("  ]")
-    for R, KW in variants:
-        k = dot2_key(R, KW)
-        out += [f"c{k}:", f"  call void @fwd2_{R}_{KW}({args})", "  br label %done"]
+    for R, KW, S in variants:
+        k = row_key(R, KW, S)
+        out += [f"c{k}:", f"  call void @rowfwd_{R}_{KW}_{S}({args})", "  br label %done"]
     out += ["done:", "  ret void", "}"]
     return "\n".join(out), bodies
 
 
-def dot2_key(R: int, KW: int) -> int:
-    """The ``dot2`` entry point's first argument for one variant (pure)."""
-    return R * 8 + KW
+def row_key(R: int, KW: int, S: int) -> int:
+    """The ``rowdot`` / ``rowfwd`` entry points' first argument for one variant (pure)."""
+    return (S * 8 + R) * 8 + KW
 
 
-def _dot2_entry_ir(V: int) -> tuple[str, list[str]]:
-    variants = [(R, KW) for R in range(1, DOT2_R + 1) for KW in range(1, DOT2_KW + 1)]
-    bodies = [_dot2_variant_ir(f"dot2_{R}_{KW}", R, KW, V) for R, KW in variants]
-    args = ", ".join(f"i64 %x{i}" for i in range(DOT2_NARGS))
-    out = [f"define void @dot2(i64 %key, {args}) #0 {{", "entry:", "  switch i64 %key, label %done ["]
-    out += [f"    i64 {dot2_key(*v)}, label %c{dot2_key(*v)}" for v in variants]
+def _rowdot_entry_ir(V: int) -> tuple[str, list[str]]:
+    variants = [(R, KW, S) for S in (1, 2) for R in range(1, ROW_R + 1) for KW in range(1, ROW_KW + 1)]
+    bodies = [_rowdot_variant_ir(f"rowdot_{R}_{KW}_{S}", R, KW, V, S) for R, KW, S in variants]
+    args = ", ".join(f"i64 %x{i}" for i in range(ROW_NARGS))
+    out = [f"define void @rowdot(i64 %key, {args}) #0 {{", "entry:", "  switch i64 %key, label %done ["]
+    out += [f"    i64 {row_key(*v)}, label %c{row_key(*v)}" for v in variants]
     out.append("  ]")
-    for R, KW in variants:
-        k = dot2_key(R, KW)
-        out += [f"c{k}:", f"  call void @dot2_{R}_{KW}({args})", "  br label %done"]
+    for R, KW, S in variants:
+        k = row_key(R, KW, S)
+        out += [f"c{k}:", f"  call void @rowdot_{R}_{KW}_{S}({args})", "  br label %done"]
     out += ["done:", "  ret void", "}"]
     return "\n".join(out), bodies
 
@@ -900,9 +908,9 @@ def module_ir(V: int) -> str:
     parts += bodies + [entry]
     entry, bodies = _up2_entry_ir(V)
     parts += bodies + [entry]
-    entry, bodies = _dot2_entry_ir(V)
+    entry, bodies = _rowdot_entry_ir(V)
     parts += bodies + [entry]
-    entry, bodies = _fwd2_entry_ir(V)
+    entry, bodies = _rowfwd_entry_ir(V)
     parts += bodies + [entry]
     parts.append(f'attributes #0 = {{ nounwind "min-legal-vector-width"="{V * 32}" }}')
     return "\n\n".join(parts) + "\n"
@@ -940,8 +948,8 @@ class Compiled:
         self.dot_r_max, self.dot_j_max = DOT_TILES[lanes]
         self.stencil_address = self._engine.get_function_address("stencil")
         self.up2_address = self._engine.get_function_address("up2")
-        self.dot2_address = self._engine.get_function_address("dot2")
-        self.fwd2_address = self._engine.get_function_address("fwd2")
+        self.rowdot_address = self._engine.get_function_address("rowdot")
+        self.rowfwd_address = self._engine.get_function_address("rowfwd")
 
 
 @functools.lru_cache(maxsize=1)

@@ -37,7 +37,7 @@ from .. import threads
 from ..errors import WorkspaceError
 from ..spec import ConvSpec
 from . import results
-from .gemm import geometry, run_each
+from .gemm import flipped_spec, geometry, run_each
 
 # Below this much work a call runs on the calling thread alone; work counts the
 # multiply-adds plus CHANNEL_MACS per channel (each channel costs ~0.2 us of set-up and
@@ -412,21 +412,34 @@ def _up2_args(spec: ConvSpec, dtype, cl: bool) -> tuple | None:
     return None if plan is None else (compiled.up2_address,) + plan
 
 
-@functools.lru_cache(maxsize=256)
-def _dot2_plan(spec: ConvSpec, r_max: int, kw_max: int, chunk: int) -> tuple | None:
-    """Calls of the compiled ``dot2`` (``_ukernel._dot2_variant_ir``) for the weight
-    gradient of a 1-D or 2-D layer with stride 2 and dilation 1 along the rows, at most
-    ``kw_max`` taps wide, one output channel per input channel, dilation 1 between rows;
-    else None (pure). Returns ``(calls, dims)`` as ``_depthwise_jit.backward_weights_dot2``
-    reads them.
+ROW_STRIDES = (1, 2)
+# Stride-1 forwards (and data gradients, as the flipped forward) run the row kernels where
+# their output rows hold at most this many positions, the compiled stencil on the grids
+# above it (one thread, us, stencil / rows: mobilenet conv4_1/dw (28^2) forward 107-112 /
+# 68-71, data gradient 95-97 / 73-75; conv3_1/dw (56^2) 131-136 / 126-136 and 123 / 138-139;
+# conv2_1/dw (112^2) forward 116 / 133: the stencil's rows share their input rows, which
+# pays on long rows). Their weight gradients run the row kernel at any width (118 / 106,
+# 141 / 107, 123 / 63 on conv2_1, conv3_1, conv4_1: no grid copies).
+ROW_FWD_MAX_WIDTH = 32
 
-    ``dw[ky, kw] = sum over dy rows o and columns p of dy[o, p] * x[sh*o + ky - ph, 2*p +
+
+@functools.lru_cache(maxsize=256)
+def _row_plan(spec: ConvSpec, r_max: int, kw_max: int, chunk: int) -> tuple | None:
+    """Calls of the compiled ``rowdot`` (``_ukernel._rowdot_variant_ir``) for the weight
+    gradient of a 1-D or 2-D layer with stride 1 or 2 (``ROW_STRIDES``) and dilation 1
+    along the rows, at most ``kw_max`` taps wide, one output channel per input channel,
+    dilation 1 between rows; else None (pure). Returns ``(calls, dims)`` as
+    ``_depthwise_jit.backward_weights_rows`` reads them.
+
+    ``dw[ky, kw] = sum over dy rows o and columns p of dy[o, p] * x[sh*o + ky - ph, sw*p +
     kw - pw]``: a call takes consecutive dy rows whose kernel rows all read real input
     rows (the same range of ``ky``: the rows at the top and bottom edges have fewer), at
     most ``r_max`` kernel rows and ``chunk`` positions (the float32 lane sums then add at
     most ``chunk / V`` terms each, as ``DOT_CHUNK`` for the phase grids); the columns in
-    the padding read as zero (``lo = pw``, ``hi = W + pw`` from the row's column ``-pw``)."""
-    if spec.nsp > 2 or spec.ocg != 1 or spec.strides[-1] != 2 or spec.dilations[-1] != 1 or spec.kernel[-1] > kw_max:
+    the padding read as zero (``lo = pw``, ``hi = W + pw`` from the row's column ``-pw``),
+    so the input is read in place, with no grid copy."""
+    if (spec.nsp > 2 or spec.ocg != 1 or spec.strides[-1] not in ROW_STRIDES or spec.dilations[-1] != 1
+            or spec.kernel[-1] > kw_max):
         return None
     KW, W, OW, pw = spec.kernel[-1], spec.src[-1], spec.dst[-1], spec.pads_begin[-1]
     if spec.nsp == 2:
@@ -445,24 +458,27 @@ def _dot2_plan(spec: ConvSpec, r_max: int, kw_max: int, chunk: int) -> tuple | N
         while (end < OH and end - o < per and max(0, ph - sh * end) == k0
                and min(KH, H + ph - sh * end) == k1):
             end += 1
-        from ._ukernel import dot2_key
+        from ._ukernel import row_key
         for r0 in range(k0, k1, r_max):
             R = min(r_max, k1 - r0)
-            calls.append((dot2_key(R, KW), (sh * o + r0 - ph) * W - pw, o * OW, r0 * KW, end - o))
+            calls.append((row_key(R, KW, spec.strides[-1]), (sh * o + r0 - ph) * W - pw, o * OW, r0 * KW, end - o))
         o = end
     return (np.array(calls, dtype=np.int64).reshape(-1, 5),
             np.array((OW, W, sh * W, pw, W + pw), dtype=np.int64))
 
 
 @functools.lru_cache(maxsize=256)
-def _fwd2_plan(spec: ConvSpec, r_max: int, kw_max: int) -> tuple | None:
-    """Calls of the compiled ``fwd2`` (``_ukernel._fwd2_variant_ir``) for the forward of the
-    layers ``_dot2_plan`` covers, where every output row takes all its kernel rows in one
-    call (at most ``r_max``: the calls store, never add); else None (pure). Returns
-    ``(calls, zero_rows, dims)`` as ``_depthwise_jit.forward_fwd2`` reads them: the calls
-    and dims of ``_dot2_plan`` (its per-call tap offset is the first weight here), and the
+def _rowfwd_plan(spec: ConvSpec, r_max: int, kw_max: int) -> tuple | None:
+    """Calls of the compiled ``rowfwd`` (``_ukernel._rowfwd_variant_ir``) for the forward of the
+    layers ``_row_plan`` covers (stride 1: rows of at most ``ROW_FWD_MAX_WIDTH`` outputs),
+    where every output row takes all its kernel rows in one call (at most ``r_max``: the
+    calls store, never add); else None (pure). Returns
+    ``(calls, zero_rows, dims)`` as ``_depthwise_jit.forward_rows`` reads them: the calls
+    and dims of ``_row_plan`` (its per-call tap offset is the first weight here), and the
     output rows no kernel row reaches (all padding), which are zero."""
-    plan = _dot2_plan(spec, r_max, kw_max, 1 << 62)
+    if spec.strides[-1] == 1 and spec.dst[-1] > ROW_FWD_MAX_WIDTH:
+        return None
+    plan = _row_plan(spec, r_max, kw_max, 1 << 62)
     if plan is None:
         return None
     calls, dims = plan
@@ -474,6 +490,21 @@ def _fwd2_plan(spec: ConvSpec, r_max: int, kw_max: int) -> tuple | None:
         covered.update(range(y_off // ow, y_off // ow + rows))
     oh = spec.dst[0] if spec.nsp == 2 else 1
     return calls, np.array([r for r in range(oh) if r not in covered], dtype=np.int64), dims
+
+
+def _flipped_rows(spec: ConvSpec, dtype, cl: bool) -> tuple | None:
+    """(address, calls, zero rows, dims) of the row forward kernel for a stride-1 data gradient
+    as the forward of ``diff_dst`` with the kernel reversed (``gemm.flipped_spec``), in
+    float32 where the micro-kernels run and ``_rowfwd_plan`` covers it; else None."""
+    if cl or dtype != np.float32 or spec.ocg != 1:
+        return None
+    fspec = flipped_spec(spec)
+    compiled = _micro_kernels()
+    if fspec is None or compiled is None:
+        return None
+    from ._ukernel import ROW_KW, ROW_R
+    plan = _rowfwd_plan(fspec, ROW_R, ROW_KW)
+    return None if plan is None else (compiled.rowfwd_address,) + plan
 
 
 _NO_STENCIL = (0, np.zeros((0, 6), dtype=np.int64), np.zeros(0, dtype=np.int64))
@@ -562,15 +593,15 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
 
     stencil = _stencil_args(spec, "fwd", dtype, cl)
     compiled = _micro_kernels() if not cl and dtype == np.float32 else None
-    fwd2 = None
+    rowfwd = None
     if compiled is not None:
-        from ._ukernel import DOT2_KW, DOT2_R
-        fwd2 = _fwd2_plan(spec, DOT2_R, DOT2_KW)
+        from ._ukernel import ROW_KW, ROW_R
+        rowfwd = _rowfwd_plan(spec, ROW_R, ROW_KW)
 
     def work(b):
         x, xc0 = get_x(*b)
-        if fwd2 is not None:
-            jit.forward_fwd2(x, xc0, w, dst, 0, b[0], b[1], compiled.fwd2_address, *fwd2)
+        if rowfwd is not None:
+            jit.forward_rows(x, xc0, w, dst, 0, b[0], b[1], compiled.rowfwd_address, *rowfwd)
         elif cl:
             jit.forward_cl(x, xc0, w, dst, 0, b[0], b[1], geo, *_transpose_args(dtype))
         else:
@@ -595,11 +626,16 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
 
     stencil = _stencil_args(spec, "bwd_data", dtype, cl)
     up2 = _up2_args(spec, dtype, cl)
+    rows = _flipped_rows(spec, dtype, cl) if up2 is None else None
+    if rows is not None:       # the flipped forward: dx = dy correlated with the kernel reversed
+        wf = np.ascontiguousarray(w[:, ::-1, ::-1, ::-1])
 
     def work(b):
         dy, dyc0 = get_dy(*b)
         if up2 is not None:
             jit.backward_data_up2(dy, dyc0, w, dsrc, 0, b[0], b[1], *up2)
+        elif rows is not None:
+            jit.forward_rows(dy, dyc0, wf, dsrc, 0, b[0], b[1], *rows)
         elif cl:
             jit.backward_data_cl(dy, dyc0, w, dsrc, 0, b[0], b[1], geo, *_transpose_args(dtype))
         else:
@@ -626,16 +662,16 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     compiled = _micro_kernels() if not cl and dtype == np.float32 else None
     plan = _dot_plan(spec, compiled.dot_r_max, compiled.dot_j_max) if compiled is not None else _NO_DOT
     addr = compiled.dot_address if compiled is not None else 0
-    dot2 = None
+    rowdot = None
     if compiled is not None:
-        from ._ukernel import DOT2_KW, DOT2_R
-        dot2 = _dot2_plan(spec, DOT2_R, DOT2_KW, DOT_CHUNK)
+        from ._ukernel import ROW_KW, ROW_R
+        rowdot = _row_plan(spec, ROW_R, ROW_KW, DOT_CHUNK)
 
     def work(b):
         x, xc0 = get_x(*b)
         dy, dyc0 = get_dy(*b)
-        if dot2 is not None:
-            jit.backward_weights_dot2(x, xc0, dy, dyc0, dw, b[0], b[1], compiled.dot2_address, *dot2)
+        if rowdot is not None:
+            jit.backward_weights_rows(x, xc0, dy, dyc0, dw, b[0], b[1], compiled.rowdot_address, *rowdot)
         elif cl:
             jit.backward_weights_cl(x, xc0, dy, dyc0, dw, b[0], b[1], geo, *_transpose_args(dtype))
         else:
