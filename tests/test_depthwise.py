@@ -39,7 +39,11 @@ def variant(request, monkeypatch):
     size = 1 << 40 if request.param == "channels_last" else -1
     monkeypatch.setattr(dwk, "SMALL_IMAGE", size)
     monkeypatch.setattr(dwk, "SMALL_IMAGE_BWD_WEIGHTS", size)
-    return request.param
+    if request.param == "channels_last":                 # not the row kernels' wide rows either
+        monkeypatch.setattr(dwk, "ROW_MIN_WIDTH", 1 << 40)
+        dwk._rows_take.cache_clear()
+    yield request.param
+    dwk._rows_take.cache_clear()
 
 
 def _spec(n, c, mult, src, k, s, d, pb, pe):
@@ -415,6 +419,28 @@ def test_row_kernels_weight_gradient_forward_and_flipped_data_gradient(monkeypat
                  _spec(1, 2, 1, (4, 9, 30), (2, 3, 3), (1, 2, 2), (1, 1, 1), (0, 1, 1), (0, 0, 0))):
         assert dwk._row_plan(spec, 3, 4, dwk.DOT_CHUNK) is None and dwk._rowfwd_plan(spec, 3, 4) is None
         _check(spec, rng, np.float32)
+
+
+@needs_numba
+def test_small_images_with_wide_rows_take_the_row_kernels():
+    """Small images (the channels-last blocks' sizes) whose rows hold at least
+    ROW_MIN_WIDTH outputs run the row kernels in float32 where those cover the direction
+    (not the stride-2 data gradient), and stay in the blocks in float64 and on narrower
+    rows; both match the reference."""
+    if dwk._micro_kernels() is None:
+        pytest.skip("the micro-kernels need an x86-64 CPU with AVX2 and FMA")
+    rng = np.random.default_rng(24)
+    s1 = _spec(2, 5, 1, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    s2 = _spec(2, 5, 1, (28, 28), (3, 3), (2, 2), (1, 1), (1, 1), (0, 0))
+    s7 = _spec(2, 5, 1, (14, 14), (3, 3), (2, 2), (1, 1), (1, 1), (0, 0))            # 7-wide rows
+    f32 = np.float32
+    assert [dwk.channels_last(s1, d, f32) for d in ("fwd", "bwd_data", "bwd_weights")] == [False] * 3
+    assert [dwk.channels_last(s2, d, f32) for d in ("fwd", "bwd_data", "bwd_weights")] == [False, True, False]
+    assert all(dwk.channels_last(s7, d, f32) for d in ("fwd", "bwd_data", "bwd_weights"))
+    assert all(dwk.channels_last(s1, d, np.float64) for d in ("fwd", "bwd_data", "bwd_weights"))
+    for spec in (s1, s2, s7):
+        for dt in (np.float32, np.float64):
+            _check(spec, rng, dt)
 
 
 @needs_numba

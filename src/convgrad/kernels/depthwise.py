@@ -120,9 +120,38 @@ def available() -> bool:
     return _jit() is not None
 
 
-def channels_last(spec: ConvSpec, direction: str) -> bool:
-    """Whether the channels-last loops run this problem (small images)."""
-    return math.prod(spec.dst) <= (SMALL_IMAGE_BWD_WEIGHTS if direction == "bwd_weights" else SMALL_IMAGE)
+def channels_last(spec: ConvSpec, direction: str, dtype=None) -> bool:
+    """Whether the channels-last loops run this problem (small images), except, in float32,
+    those whose rows the row kernels take (``_rows_take``)."""
+    if math.prod(spec.dst) > (SMALL_IMAGE_BWD_WEIGHTS if direction == "bwd_weights" else SMALL_IMAGE):
+        return False
+    return not (dtype is not None and np.dtype(dtype) == np.float32 and _rows_take(spec, direction))
+
+
+# Small images whose rows hold at least this many outputs (data gradient: inputs) run the
+# row kernels rather than the channels-last blocks, in the directions where the row
+# kernels cover them (not the stride-2 data gradient). One thread, us, blocks / rows:
+# mobilenet conv4_2/dw (28^2 -> 14^2, stride 2) weight gradient 81-83 / 41-42, forward
+# 53-54 / 42-43 (data gradient 75-76 / 83-85: kept); conv5_1/dw (14^2) 69 / 58, 64-65 /
+# 59-61, 74-75 / 64; but 7-wide rows lose: conv5_6/dw forward 35 / 43, conv6/dw (7^2)
+# weight gradient 47 / 67-68, forward 39-42 / 63-65.
+ROW_MIN_WIDTH = 14
+
+
+@functools.lru_cache(maxsize=1024)
+def _rows_take(spec: ConvSpec, direction: str) -> bool:
+    """Whether a small image's ``direction`` runs the row kernels (``ROW_MIN_WIDTH``; pure
+    but for the host's micro-kernels)."""
+    width = spec.src[-1] if direction == "bwd_data" else spec.dst[-1]
+    if width < ROW_MIN_WIDTH or _micro_kernels() is None:
+        return False
+    from ._ukernel import ROW_KW, ROW_R
+    if direction == "bwd_weights":
+        return _row_plan(spec, ROW_R, ROW_KW, DOT_CHUNK) is not None
+    if direction == "fwd":
+        return _rowfwd_plan(spec, ROW_R, ROW_KW) is not None
+    fspec = flipped_spec(spec)
+    return spec.ocg == 1 and fspec is not None and _rowfwd_plan(fspec, ROW_R, ROW_KW) is not None
 
 
 def eligible(spec: ConvSpec) -> bool:
@@ -197,7 +226,8 @@ def _plan_cached(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, works
 def _scratch(spec: ConvSpec, direction: str, itemsize: int) -> int:
     """Bytes the compiled loops allocate per call (per thread): the phase grids of one
     channel, one wide channel of dst / diff_dst, and the weight-gradient lanes."""
-    return _scratch_bytes(spec, direction, itemsize, channels_last(spec, direction), CB_CHANNELS, LANES)
+    cl = channels_last(spec, direction, np.float32 if itemsize == 4 else np.float64)
+    return _scratch_bytes(spec, direction, itemsize, cl, CB_CHANNELS, LANES)
 
 
 @functools.lru_cache(maxsize=256)
@@ -586,7 +616,7 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
     dst = results.empty(y_shape, dtype)
     w = _weights4(spec, weights, dtype)
     geo = _geo(spec)
-    cl = channels_last(spec, "fwd")
+    cl = channels_last(spec, "fwd", dtype)
     get_x, per = _streamed(src, dtype, x_shape, 1)
     blocks, workers = _plan(spec, per, w.nbytes + _scratch(spec, "fwd", dtype.itemsize), workspace_limit, "fwd",
                             CB_CHANNELS if cl else 1)
@@ -619,7 +649,7 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     dsrc = results.empty(x_shape, dtype)
     w = _weights4(spec, weights, dtype)
     geo = _geo(spec)
-    cl = channels_last(spec, "bwd_data")
+    cl = channels_last(spec, "bwd_data", dtype)
     get_dy, per = _streamed(diff_dst, dtype, y_shape, spec.ocg)
     blocks, workers = _plan(spec, per, w.nbytes + _scratch(spec, "bwd_data", dtype.itemsize), workspace_limit,
                             "bwd_data", CB_CHANNELS if cl else 1)
@@ -653,7 +683,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     k3 = _as3d(spec.kernel, 0)
     dw = np.empty((spec.oc,) + k3, dtype=dtype)
     geo = _geo(spec)
-    cl = channels_last(spec, "bwd_weights")
+    cl = channels_last(spec, "bwd_weights", dtype)
     get_x, per_x = _streamed(src, dtype, x_shape, 1)
     get_dy, per_dy = _streamed(diff_dst, dtype, y_shape, spec.ocg)
     blocks, workers = _plan(spec, per_x + per_dy, _scratch(spec, "bwd_weights", dtype.itemsize), workspace_limit,
