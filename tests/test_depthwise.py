@@ -560,10 +560,10 @@ def test_direct_pool_rule_is_remembered_per_threshold():
 
 
 def test_direct_pool_for_weight_gradients_that_stream_large_images():
-    """A weight gradient that reads and writes at least PARALLEL_CELLS cells of data runs on
-    the pool below the work threshold (both threads stream the cold images); the forward
-    and the data gradient of the same problem, a smaller image, channels-last blocks and a
-    single thread stay on the calling thread."""
+    """A weight gradient on the phase grids that reads and writes at least PARALLEL_CELLS
+    cells of data runs on the pool below the work threshold (both threads stream the cold
+    images); the forward and the data gradient of the same problem, a smaller image,
+    channels-last blocks, the row kernels and a single thread stay on the calling thread."""
     big = _spec(1, 32, 1, (112, 112), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))     # mobilenet conv2_1/dw
     small = _spec(1, 256, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))   # conv4_1/dw
     macs, limit = dwk.PARALLEL_MACS, 1 << 30
@@ -581,6 +581,7 @@ def test_direct_pool_for_weight_gradients_that_stream_large_images():
     try:
         cg.set_num_threads(2)
         assert dwk._plan(big, 0, 1024, limit, "bwd_weights")[1] == 2
+        assert dwk._plan(big, 0, 1024, limit, "bwd_weights", cells_rule=False)[1] == 1     # the row kernels
         assert dwk._plan(small, 0, 1024, limit, "bwd_weights")[1] == 1
     finally:
         cg.set_num_threads(None)

@@ -66,6 +66,10 @@ CHANNEL_MACS = 1500
 # Back to back (warm caches, medians of 200 calls, ms, pool / one thread): conv2_1/dw
 # 0.37 / 0.37, conv2_2/dw 0.42 / 0.43, conv3_1/dw 0.46 / 0.58; an earlier trial of the
 # same rule on warm caches had measured mixed medians (below) and was dropped then.
+# The row kernels (no grid copies) do not take it: benchmark runs of the mobilenet_dw
+# list, four alternating pairs, medians of the middle two, one thread / pool: conv2_1/dw
+# 0.83x, conv2_2/dw 0.87x, conv3_1/dw 0.96x (one thread back to back, us, pool / one:
+# 120-129 / 98-107, 121-131 / 116-117, 122-125 / 109).
 PARALLEL_CELLS = 1 << 19
 # Per loop nest and direction, the multiple of PARALLEL_MACS from which a call uses the
 # pool. The channels-last forward and data gradient run about 3x more multiply-adds per
@@ -180,7 +184,7 @@ def _fits(arr: np.ndarray, dtype) -> bool:
 
 
 def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_limit: int,
-          direction: str, unit: int = 1) -> tuple[tuple[tuple[int, int], ...], int]:
+          direction: str, unit: int = 1, cells_rule: bool = True) -> tuple[tuple[tuple[int, int], ...], int]:
     """Channel chunks ``[c0, c1)`` and the number of threads to run them on.
 
     Every output element is computed inside one chunk in a fixed order, so neither the
@@ -188,10 +192,11 @@ def _plan(spec: ConvSpec, per_channel_bytes: int, fixed_bytes: int, workspace_li
     thread count, and are smaller when the workspace cap demands it. A thread holds
     ``fixed_bytes`` (its scratch) plus ``per_channel_bytes`` per channel of its chunk.
     Chunks are multiples of ``unit`` channels (the channels-last block) unless the cap
-    demands less.
+    demands less. ``cells_rule`` False: the weight gradient's pool by image size
+    (``PARALLEL_CELLS``) is off (the row kernels: measured there, below).
     """
     return _plan_cached(spec, per_channel_bytes, fixed_bytes, workspace_limit, direction, unit,
-                        threads.get_num_threads(), PARALLEL_MACS, PARALLEL_CELLS)
+                        threads.get_num_threads(), PARALLEL_MACS, PARALLEL_CELLS if cells_rule else 1 << 62)
 
 
 @functools.lru_cache(maxsize=256)
@@ -686,9 +691,6 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     cl = channels_last(spec, "bwd_weights", dtype)
     get_x, per_x = _streamed(src, dtype, x_shape, 1)
     get_dy, per_dy = _streamed(diff_dst, dtype, y_shape, spec.ocg)
-    blocks, workers = _plan(spec, per_x + per_dy, _scratch(spec, "bwd_weights", dtype.itemsize), workspace_limit,
-                            "bwd_weights", CB_CHANNELS if cl else 1)
-
     compiled = _micro_kernels() if not cl and dtype == np.float32 else None
     plan = _dot_plan(spec, compiled.dot_r_max, compiled.dot_j_max) if compiled is not None else _NO_DOT
     addr = compiled.dot_address if compiled is not None else 0
@@ -696,6 +698,8 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     if compiled is not None:
         from ._ukernel import ROW_KW, ROW_R
         rowdot = _row_plan(spec, ROW_R, ROW_KW, DOT_CHUNK)
+    blocks, workers = _plan(spec, per_x + per_dy, _scratch(spec, "bwd_weights", dtype.itemsize), workspace_limit,
+                            "bwd_weights", CB_CHANNELS if cl else 1, cells_rule=rowdot is None)
 
     def work(b):
         x, xc0 = get_x(*b)
