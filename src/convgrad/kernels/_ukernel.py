@@ -288,17 +288,7 @@ def _dot_variant_ir(name: str, R: int, J: int, V: int) -> str:
     for r, j in acc:
         a(f"  %s{r}_{j} = phi {vt} [%e{r}_{j}, %epi], [%n{r}_{j}m, %last]")
     for r, j in acc:
-        v, width = f"%s{r}_{j}", V
-        step = 0
-        while width > 1:                       # lanes [0, w/2) + [w/2, w): a fixed tree
-            half = width // 2
-            lo = ", ".join(f"i32 {i}" for i in range(half))
-            hi = ", ".join(f"i32 {i + half}" for i in range(half))
-            a(f"  %h{r}_{j}_{step}l = shufflevector <{width} x float> {v}, <{width} x float> poison, <{half} x i32> <{lo}>")
-            a(f"  %h{r}_{j}_{step}h = shufflevector <{width} x float> {v}, <{width} x float> poison, <{half} x i32> <{hi}>")
-            a(f"  %h{r}_{j}_{step} = fadd <{half} x float> %h{r}_{j}_{step}l, %h{r}_{j}_{step}h")
-            v, width, step = f"%h{r}_{j}_{step}", half, step + 1
-        a(f"  %t{r}_{j} = extractelement <1 x float> {v}, i64 0")
+        _lane_sum_ir(a, f"%s{r}_{j}", f"{r}_{j}", V)
         a(f"  %yo{r}_{j}.0 = mul i64 %y_rs, {r}")
         a(f"  %yo{r}_{j} = add i64 %yo{r}_{j}.0, {j}")
         a(f"  %yp{r}_{j} = getelementptr float, ptr %y, i64 %yo{r}_{j}")
@@ -459,74 +449,40 @@ def _up2_variant_ir(name: str, R: int, A: int, U: int, V: int) -> str:
     return "\n".join(L)
 
 
-def _rowdot_variant_ir(name: str, R: int, KW: int, V: int, S: int = 2) -> str:
-    """One ``(R, KW, S)`` variant of the row weight-gradient family (``module_ir``):
-    ``acc[r*KW + k] += sum over u < nrows, o < npos of dy[u*dy_rs + o] *
-    x[u*x_us + r*x_rs + S*o + k]`` for r < R, k < KW, where an ``x`` element counts only
-    if ``lo <= S*o + k < hi`` (outside it reads as zero: the padding) and its output is
-    real (``o < npos``). Stride S = 1: one masked load per tap; S = 2: the stride-2
-    elements gathered from two masked loads by one two-source shuffle (the even lanes).
-    The sums run in the vector lanes from zero, then a fixed halving tree adds each
-    accumulator's lanes into ``acc``."""
-    vt = f"<{V} x float>"
+def _splat_ir(a_, src: str, dst: str, V: int) -> None:
+    """IR lines: the i64 ``src`` as i32 in every lane of ``dst``."""
     it = f"<{V} x i32>"
-    mt = f"<{V} x i1>"
-    L: list[str] = []
-    a_ = L.append
-    a_(f"define internal void @{name}(i64 %xa, i64 %da, i64 %aa, i64 %npos, i64 %nrows, i64 %x_rs, i64 %x_us, "
-       f"i64 %dy_rs, i64 %lo, i64 %hi) #0 {{")
-    a_("entry:")
-    for v in ("x", "d", "a"):
-        a_(f"  %{v} = inttoptr i64 %{v}a to ptr")
+    a_(f"  {dst}.32 = trunc i64 {src} to i32")
+    a_(f"  {dst}.0 = insertelement {it} poison, i32 {dst}.32, i64 0")
+    a_(f"  {dst} = shufflevector {it} {dst}.0, {it} poison, {it} zeroinitializer")
+
+
+def _row_reads_ir(a_, R: int, KW: int, S: int, V: int) -> None:
+    """IR lines of the row families' reads, in the vector loop (``%o0``: the first output
+    of the vector, ``%xu``: the row's offset in ``x``): ``%om``, the real outputs
+    (``o < npos``), and ``%xs{r}_{k}``, lane ``i`` = ``x[xu + r*x_rs + S*(o0 + i) + k]``
+    where ``lo <= S*(o0 + i) + k < hi`` and the output is real, else zero. S = 1: one
+    masked load per tap; S = 2: two masked loads and one two-source shuffle of their even
+    lanes (the odd lanes, other taps' cells, are dropped)."""
+    vt, it, mt = f"<{V} x float>", f"<{V} x i32>", f"<{V} x i1>"
     lanes = ", ".join(f"i32 {i}" for i in range(V))
     upper = ", ".join(f"i32 {i + V}" for i in range(V))
-    half_lo = ", ".join(f"i32 {i // 2}" for i in range(V))
-    half_hi = ", ".join(f"i32 {(i + V) // 2}" for i in range(V))
     even = ", ".join(f"i32 {2 * i}" for i in range(V))
-    for v in ("lo", "hi", "npos"):
-        a_(f"  %{v}32 = trunc i64 %{v} to i32")
-        a_(f"  %{v}v.0 = insertelement {it} poison, i32 %{v}32, i64 0")
-        a_(f"  %{v}v = shufflevector {it} %{v}v.0, {it} poison, {it} zeroinitializer")
-    a_(f"  %nvec.0 = add i64 %npos, {V - 1}")
-    a_(f"  %nvec = sdiv i64 %nvec.0, {V}")
-    a_("  %anyr = icmp sgt i64 %nrows, 0")
-    a_("  %anyv = icmp sgt i64 %nvec, 0")
-    a_("  %any = and i1 %anyr, %anyv")
-    acc = [(r, k) for r in range(R) for k in range(KW)]
-    a_("  br i1 %any, label %rows, label %sum")
-    a_("rows:")
-    a_("  %u = phi i64 [0, %entry], [%u1, %rowend]")
-    for r, k in acc:
-        a_(f"  %cr{r}_{k} = phi {vt} [zeroinitializer, %entry], [%cn{r}_{k}, %rowend]")
-    a_("  %xu = mul i64 %u, %x_us")
-    a_("  %du = mul i64 %u, %dy_rs")
-    a_("  br label %vec")
-    a_("vec:")
-    a_("  %b = phi i64 [0, %rows], [%b1, %vec]")
-    for r, k in acc:
-        a_(f"  %c{r}_{k} = phi {vt} [%cr{r}_{k}, %rows], [%n{r}_{k}, %vec]")
-    a_(f"  %o0 = mul i64 %b, {V}")
-    a_("  %o032 = trunc i64 %o0 to i32")
-    a_(f"  %o0v.0 = insertelement {it} poison, i32 %o032, i64 0")
-    a_(f"  %o0v = shufflevector {it} %o0v.0, {it} poison, {it} zeroinitializer")
+    _splat_ir(a_, "%o0", "%o0v", V)
     a_(f"  %oi = add {it} %o0v, <{lanes}>")
-    a_(f"  %dm = icmp slt {it} %oi, %nposv")
-    a_(f"  %om = and {mt} %dm, %dm")
-    a_("  %di = add i64 %du, %o0")
-    a_("  %dp = getelementptr float, ptr %d, i64 %di")
-    a_(f"  %dv = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %dp, i32 4, {mt} %dm, {vt} zeroinitializer)")
-    # the outputs of the two loads' lanes, and whether they are real
-    for h, idx in (("a", half_lo), ("b", half_hi)):
-        a_(f"  %oo{h} = add {it} %o0v, <{idx}>")
-        a_(f"  %om{h} = icmp slt {it} %oo{h}, %nposv")
+    a_(f"  %om = icmp slt {it} %oi, %nposv")
+    # the output each loaded lane belongs to (S == 2: lane l of the first load, l // 2)
+    loads = (("a", ", ".join(f"i32 {i // 2}" for i in range(V)), lanes),
+             ("b", ", ".join(f"i32 {(i + V) // 2}" for i in range(V)), upper))[:S]
+    if S == 2:
+        for h, idx, _ in loads:
+            a_(f"  %oo{h} = add {it} %o0v, <{idx}>")
+            a_(f"  %om{h} = icmp slt {it} %oo{h}, %nposv")
     a_(f"  %e0 = mul i64 %o0, {S}")
     for k in range(KW):
-        # element indices S*o0 + k + lane (first load) and + V (second, S == 2)
         a_(f"  %j{k} = add i64 %e0, {k}")
-        a_(f"  %j{k}32 = trunc i64 %j{k} to i32")
-        a_(f"  %j{k}v.0 = insertelement {it} poison, i32 %j{k}32, i64 0")
-        a_(f"  %j{k}v = shufflevector {it} %j{k}v.0, {it} poison, {it} zeroinitializer")
-        for h, off in (("a", lanes), ("b", upper))[:S]:
+        _splat_ir(a_, f"%j{k}", f"%j{k}v", V)
+        for h, _, off in loads:
             a_(f"  %ji{k}{h} = add {it} %j{k}v, <{off}>")
             a_(f"  %ge{k}{h} = icmp sge {it} %ji{k}{h}, %lov")
             a_(f"  %lt{k}{h} = icmp slt {it} %ji{k}{h}, %hiv")
@@ -539,14 +495,77 @@ def _rowdot_variant_ir(name: str, R: int, KW: int, V: int, S: int = 2) -> str:
             a_(f"  %xi{r}_{k} = add i64 %xr{r}, %j{k}")
             a_(f"  %xp{r}_{k}a = getelementptr float, ptr %x, i64 %xi{r}_{k}")
             a_(f"  %xp{r}_{k}b = getelementptr float, ptr %xp{r}_{k}a, i64 {V}")
-            for h in ("a", "b")[:S]:
+            for h, _, _ in loads:
                 a_(f"  %xl{r}_{k}{h} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %xp{r}_{k}{h}, i32 4, "
                    f"{mt} %in{k}{h}, {vt} zeroinitializer)")
-            if S == 2:
-                a_(f"  %xs{r}_{k} = shufflevector {vt} %xl{r}_{k}a, {vt} %xl{r}_{k}b, <{V} x i32> <{even}>")
-            else:
-                a_(f"  %xs{r}_{k} = shufflevector {vt} %xl{r}_{k}a, {vt} poison, <{V} x i32> <{lanes}>")
-            a_(f"  %n{r}_{k} = call {vt} @llvm.fma.v{V}f32({vt} %dv, {vt} %xs{r}_{k}, {vt} %c{r}_{k})")
+            second = f"%xl{r}_{k}b" if S == 2 else "poison"
+            a_(f"  %xs{r}_{k} = shufflevector {vt} %xl{r}_{k}a, {vt} {second}, <{V} x i32> <{even if S == 2 else lanes}>")
+
+
+def _row_prologue_ir(a_, V: int, exit_label: str) -> None:
+    """IR lines of both row families' entry: the bounds in every lane, the vectors per row
+    (``%nvec``), and the branch past the loops when there is nothing to do."""
+    for v in ("lo", "hi", "npos"):
+        _splat_ir(a_, f"%{v}", f"%{v}v", V)
+    a_(f"  %nvec.0 = add i64 %npos, {V - 1}")
+    a_(f"  %nvec = sdiv i64 %nvec.0, {V}")
+    a_("  %anyr = icmp sgt i64 %nrows, 0")
+    a_("  %anyv = icmp sgt i64 %nvec, 0")
+    a_("  %any = and i1 %anyr, %anyv")
+    a_(f"  br i1 %any, label %rows, label %{exit_label}")
+
+
+def _lane_sum_ir(a_, src: str, tag: str, V: int) -> str:
+    """IR lines adding the lanes of ``src`` by a fixed halving tree (lanes [0, w/2) plus
+    [w/2, w) until one is left); returns the scalar's name."""
+    v, width, step = src, V, 0
+    while width > 1:
+        half = width // 2
+        lo = ", ".join(f"i32 {i}" for i in range(half))
+        hi = ", ".join(f"i32 {i + half}" for i in range(half))
+        a_(f"  %h{tag}_{step}l = shufflevector <{width} x float> {v}, <{width} x float> poison, <{half} x i32> <{lo}>")
+        a_(f"  %h{tag}_{step}h = shufflevector <{width} x float> {v}, <{width} x float> poison, <{half} x i32> <{hi}>")
+        a_(f"  %h{tag}_{step} = fadd <{half} x float> %h{tag}_{step}l, %h{tag}_{step}h")
+        v, width, step = f"%h{tag}_{step}", half, step + 1
+    a_(f"  %t{tag} = extractelement <1 x float> {v}, i64 0")
+    return f"%t{tag}"
+
+
+def _rowdot_variant_ir(name: str, R: int, KW: int, V: int, S: int) -> str:
+    """One ``(R, KW, S)`` variant of the row weight-gradient family (``module_ir``):
+    ``acc[r*KW + k] += sum over u < nrows, o < npos of dy[u*dy_rs + o] *
+    x[u*x_us + r*x_rs + S*o + k]`` for r < R, k < KW, where an ``x`` element counts only
+    if ``lo <= S*o + k < hi`` (outside it reads as zero: the padding) and its output is
+    real (``o < npos``), read as ``_row_reads_ir`` reads them. The sums run in the vector
+    lanes from zero, then a fixed halving tree adds each accumulator's lanes into ``acc``."""
+    vt, mt = f"<{V} x float>", f"<{V} x i1>"
+    L: list[str] = []
+    a_ = L.append
+    a_(f"define internal void @{name}(i64 %xa, i64 %da, i64 %aa, i64 %npos, i64 %nrows, i64 %x_rs, i64 %x_us, "
+       f"i64 %dy_rs, i64 %lo, i64 %hi) #0 {{")
+    a_("entry:")
+    for v in ("x", "d", "a"):
+        a_(f"  %{v} = inttoptr i64 %{v}a to ptr")
+    _row_prologue_ir(a_, V, "sum")
+    acc = [(r, k) for r in range(R) for k in range(KW)]
+    a_("rows:")
+    a_("  %u = phi i64 [0, %entry], [%u1, %rowend]")
+    for r, k in acc:
+        a_(f"  %cr{r}_{k} = phi {vt} [zeroinitializer, %entry], [%cn{r}_{k}, %rowend]")
+    a_("  %xu = mul i64 %u, %x_us")
+    a_("  %du = mul i64 %u, %dy_rs")
+    a_("  br label %vec")
+    a_("vec:")
+    a_("  %b = phi i64 [0, %rows], [%b1, %vec]")
+    for r, k in acc:
+        a_(f"  %c{r}_{k} = phi {vt} [%cr{r}_{k}, %rows], [%n{r}_{k}, %vec]")
+    a_(f"  %o0 = mul i64 %b, {V}")
+    _row_reads_ir(a_, R, KW, S, V)
+    a_("  %di = add i64 %du, %o0")
+    a_("  %dp = getelementptr float, ptr %d, i64 %di")
+    a_(f"  %dv = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %dp, i32 4, {mt} %om, {vt} zeroinitializer)")
+    for r, k in acc:
+        a_(f"  %n{r}_{k} = call {vt} @llvm.fma.v{V}f32({vt} %dv, {vt} %xs{r}_{k}, {vt} %c{r}_{k})")
     a_("  %b1 = add i64 %b, 1")
     a_("  %morev = icmp slt i64 %b1, %nvec")
     a_("  br i1 %morev, label %vec, label %rowend")
@@ -560,34 +579,23 @@ def _rowdot_variant_ir(name: str, R: int, KW: int, V: int, S: int = 2) -> str:
     for r, k in acc:
         a_(f"  %s{r}_{k} = phi {vt} [zeroinitializer, %entry], [%cn{r}_{k}, %rowend]")
     for r, k in acc:
-        v, width, step = f"%s{r}_{k}", V, 0
-        while width > 1:                       # lanes [0, w/2) + [w/2, w): a fixed tree
-            half = width // 2
-            lo = ", ".join(f"i32 {i}" for i in range(half))
-            hi = ", ".join(f"i32 {i + half}" for i in range(half))
-            a_(f"  %h{r}_{k}_{step}l = shufflevector <{width} x float> {v}, <{width} x float> poison, <{half} x i32> <{lo}>")
-            a_(f"  %h{r}_{k}_{step}h = shufflevector <{width} x float> {v}, <{width} x float> poison, <{half} x i32> <{hi}>")
-            a_(f"  %h{r}_{k}_{step} = fadd <{half} x float> %h{r}_{k}_{step}l, %h{r}_{k}_{step}h")
-            v, width, step = f"%h{r}_{k}_{step}", half, step + 1
-        a_(f"  %t{r}_{k} = extractelement <1 x float> {v}, i64 0")
+        t = _lane_sum_ir(a_, f"%s{r}_{k}", f"{r}_{k}", V)
         a_(f"  %ap{r}_{k} = getelementptr float, ptr %a, i64 {r * KW + k}")
         a_(f"  %al{r}_{k} = load float, ptr %ap{r}_{k}")
-        a_(f"  %as{r}_{k} = fadd float %al{r}_{k}, %t{r}_{k}")
+        a_(f"  %as{r}_{k} = fadd float %al{r}_{k}, {t}")
         a_(f"  store float %as{r}_{k}, ptr %ap{r}_{k}")
     a_("  ret void")
     a_("}")
     return "\n".join(L)
 
 
-def _rowfwd_variant_ir(name: str, R: int, KW: int, V: int, S: int = 2) -> str:
+def _rowfwd_variant_ir(name: str, R: int, KW: int, V: int, S: int) -> str:
     """One ``(R, KW, S)`` variant of the row forward family (``module_ir``): for u <
     nrows and o < npos, ``y[u*y_rs + o] = sum over r < R, k < KW of w[r*KW + k] *
     x[u*x_us + r*x_rs + S*o + k]``, an ``x`` element counting only where ``lo <= S*o + k
-    < hi`` (the padding reads as zero): each tap's elements read as ``_rowdot_variant_ir``
-    reads them, times the weight broadcast; the last vector of a row stored masked."""
-    vt = f"<{V} x float>"
-    it = f"<{V} x i32>"
-    mt = f"<{V} x i1>"
+    < hi`` (the padding reads as zero), read as ``_row_reads_ir`` reads them, times the
+    weight broadcast; the last vector of a row stored masked."""
+    vt, mt = f"<{V} x float>", f"<{V} x i1>"
     L: list[str] = []
     a_ = L.append
     a_(f"define internal void @{name}(i64 %xa, i64 %wa, i64 %ya, i64 %npos, i64 %nrows, i64 %x_rs, i64 %x_us, "
@@ -595,26 +603,12 @@ def _rowfwd_variant_ir(name: str, R: int, KW: int, V: int, S: int = 2) -> str:
     a_("entry:")
     for v in ("x", "w", "y"):
         a_(f"  %{v} = inttoptr i64 %{v}a to ptr")
-    lanes = ", ".join(f"i32 {i}" for i in range(V))
-    upper = ", ".join(f"i32 {i + V}" for i in range(V))
-    half_lo = ", ".join(f"i32 {i // 2}" for i in range(V))
-    half_hi = ", ".join(f"i32 {(i + V) // 2}" for i in range(V))
-    even = ", ".join(f"i32 {2 * i}" for i in range(V))
     for t in range(R * KW):
         a_(f"  %wp{t} = getelementptr float, ptr %w, i64 {t}")
         a_(f"  %ws{t} = load float, ptr %wp{t}")
         a_(f"  %wv{t}.0 = insertelement {vt} poison, float %ws{t}, i64 0")
         a_(f"  %wv{t} = shufflevector {vt} %wv{t}.0, {vt} poison, <{V} x i32> zeroinitializer")
-    for v in ("lo", "hi", "npos"):
-        a_(f"  %{v}32 = trunc i64 %{v} to i32")
-        a_(f"  %{v}v.0 = insertelement {it} poison, i32 %{v}32, i64 0")
-        a_(f"  %{v}v = shufflevector {it} %{v}v.0, {it} poison, {it} zeroinitializer")
-    a_(f"  %nvec.0 = add i64 %npos, {V - 1}")
-    a_(f"  %nvec = sdiv i64 %nvec.0, {V}")
-    a_("  %anyr = icmp sgt i64 %nrows, 0")
-    a_("  %anyv = icmp sgt i64 %nvec, 0")
-    a_("  %any = and i1 %anyr, %anyv")
-    a_("  br i1 %any, label %rows, label %done")
+    _row_prologue_ir(a_, V, "done")
     a_("rows:")
     a_("  %u = phi i64 [0, %entry], [%u1, %rowend]")
     a_("  %xu = mul i64 %u, %x_us")
@@ -623,41 +617,10 @@ def _rowfwd_variant_ir(name: str, R: int, KW: int, V: int, S: int = 2) -> str:
     a_("vec:")
     a_("  %b = phi i64 [0, %rows], [%b1, %vec]")
     a_(f"  %o0 = mul i64 %b, {V}")
-    a_("  %o032 = trunc i64 %o0 to i32")
-    a_(f"  %o0v.0 = insertelement {it} poison, i32 %o032, i64 0")
-    a_(f"  %o0v = shufflevector {it} %o0v.0, {it} poison, {it} zeroinitializer")
-    a_(f"  %oi = add {it} %o0v, <{lanes}>")
-    a_(f"  %om = icmp slt {it} %oi, %nposv")
-    for h, idx in (("a", half_lo), ("b", half_hi)):
-        a_(f"  %oo{h} = add {it} %o0v, <{idx}>")
-        a_(f"  %om{h} = icmp slt {it} %oo{h}, %nposv")
-    a_(f"  %e0 = mul i64 %o0, {S}")
-    for k in range(KW):
-        a_(f"  %j{k} = add i64 %e0, {k}")
-        a_(f"  %j{k}32 = trunc i64 %j{k} to i32")
-        a_(f"  %j{k}v.0 = insertelement {it} poison, i32 %j{k}32, i64 0")
-        a_(f"  %j{k}v = shufflevector {it} %j{k}v.0, {it} poison, {it} zeroinitializer")
-        for h, off in (("a", lanes), ("b", upper))[:S]:
-            a_(f"  %ji{k}{h} = add {it} %j{k}v, <{off}>")
-            a_(f"  %ge{k}{h} = icmp sge {it} %ji{k}{h}, %lov")
-            a_(f"  %lt{k}{h} = icmp slt {it} %ji{k}{h}, %hiv")
-            a_(f"  %in{k}{h}.0 = and {mt} %ge{k}{h}, %lt{k}{h}")
-            a_(f"  %in{k}{h} = and {mt} %in{k}{h}.0, %om{h if S == 2 else ''}")
+    _row_reads_ir(a_, R, KW, S, V)
     acc = "zeroinitializer"
     for r in range(R):
-        a_(f"  %xr{r}.0 = mul i64 %x_rs, {r}")
-        a_(f"  %xr{r} = add i64 %xr{r}.0, %xu")
         for k in range(KW):
-            a_(f"  %xi{r}_{k} = add i64 %xr{r}, %j{k}")
-            a_(f"  %xp{r}_{k}a = getelementptr float, ptr %x, i64 %xi{r}_{k}")
-            a_(f"  %xp{r}_{k}b = getelementptr float, ptr %xp{r}_{k}a, i64 {V}")
-            for h in ("a", "b")[:S]:
-                a_(f"  %xl{r}_{k}{h} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %xp{r}_{k}{h}, i32 4, "
-                   f"{mt} %in{k}{h}, {vt} zeroinitializer)")
-            if S == 2:
-                a_(f"  %xs{r}_{k} = shufflevector {vt} %xl{r}_{k}a, {vt} %xl{r}_{k}b, <{V} x i32> <{even}>")
-            else:
-                a_(f"  %xs{r}_{k} = shufflevector {vt} %xl{r}_{k}a, {vt} poison, <{V} x i32> <{lanes}>")
             a_(f"  %c{r}_{k} = call {vt} @llvm.fma.v{V}f32({vt} %wv{r * KW + k}, {vt} %xs{r}_{k}, {vt} {acc})")
             acc = f"%c{r}_{k}"
     a_("  %yi = add i64 %yu, %o0")
@@ -676,37 +639,31 @@ def _rowfwd_variant_ir(name: str, R: int, KW: int, V: int, S: int = 2) -> str:
     return "\n".join(L)
 
 
-def _rowfwd_entry_ir(V: int) -> tuple[str, list[str]]:
-    variants = [(R, KW, S) for S in (1, 2) for R in range(1, ROW_R + 1) for KW in range(1, ROW_KW + 1)]
-    bodies = [_rowfwd_variant_ir(f"rowfwd_{R}_{KW}_{S}", R, KW, V, S) for R, KW, S in variants]
-    args = ", ".join(f"i64 %x{i}" for i in range(ROW_NARGS))
-    out = [f"define void @rowfwd(i64 %key, {args}) #0 {{", "entry:", "  switch i64 %key, label %done ["]
-    out += [f"    i64 {row_key(*v)}, label %c{row_key(*v)}" for v in variants]
+def _switch_entry_ir(entry: str, variants: list[tuple], key, nargs: int) -> str:
+    """``entry(key, x0 .. x_nargs)``: a switch on ``key`` (``key(*variant)``) calling the
+    variant ``{entry}_{v0}_{v1}_...`` with the other arguments."""
+    args = ", ".join(f"i64 %x{i}" for i in range(nargs))
+    out = [f"define void @{entry}(i64 %key, {args}) #0 {{", "entry:", "  switch i64 %key, label %done ["]
+    out += [f"    i64 {key(*v)}, label %c{key(*v)}" for v in variants]
     out.append("  ]")
-    for R, KW, S in variants:
-        k = row_key(R, KW, S)
-        out += [f"c{k}:", f"  call void @rowfwd_{R}_{KW}_{S}({args})", "  br label %done"]
+    for v in variants:
+        out += [f"c{key(*v)}:", f"  call void @{entry}_{'_'.join(str(int(p)) for p in v)}({args})", "  br label %done"]
     out += ["done:", "  ret void", "}"]
-    return "\n".join(out), bodies
+    return "\n".join(out)
+
+
+def _row_entries_ir(V: int) -> list[str]:
+    variants = [(R, KW, S) for S in (1, 2) for R in range(1, ROW_R + 1) for KW in range(1, ROW_KW + 1)]
+    parts = []
+    for entry, body in (("rowdot", _rowdot_variant_ir), ("rowfwd", _rowfwd_variant_ir)):
+        parts += [body(f"{entry}_{R}_{KW}_{S}", R, KW, V, S) for R, KW, S in variants]
+        parts.append(_switch_entry_ir(entry, variants, row_key, ROW_NARGS))
+    return parts
 
 
 def row_key(R: int, KW: int, S: int) -> int:
     """The ``rowdot`` / ``rowfwd`` entry points' first argument for one variant (pure)."""
     return (S * 8 + R) * 8 + KW
-
-
-def _rowdot_entry_ir(V: int) -> tuple[str, list[str]]:
-    variants = [(R, KW, S) for S in (1, 2) for R in range(1, ROW_R + 1) for KW in range(1, ROW_KW + 1)]
-    bodies = [_rowdot_variant_ir(f"rowdot_{R}_{KW}_{S}", R, KW, V, S) for R, KW, S in variants]
-    args = ", ".join(f"i64 %x{i}" for i in range(ROW_NARGS))
-    out = [f"define void @rowdot(i64 %key, {args}) #0 {{", "entry:", "  switch i64 %key, label %done ["]
-    out += [f"    i64 {row_key(*v)}, label %c{row_key(*v)}" for v in variants]
-    out.append("  ]")
-    for R, KW, S in variants:
-        k = row_key(R, KW, S)
-        out += [f"c{k}:", f"  call void @rowdot_{R}_{KW}_{S}({args})", "  br label %done"]
-    out += ["done:", "  ret void", "}"]
-    return "\n".join(out), bodies
 
 
 def up2_key(R: int, A: int, U: int) -> int:
@@ -717,15 +674,7 @@ def up2_key(R: int, A: int, U: int) -> int:
 def _up2_entry_ir(V: int) -> tuple[str, list[str]]:
     variants = [(R, A, U) for R in range(1, UP2_R + 1) for A in range(1, UP2_A + 1) for U in (1, UP2_U)]
     bodies = [_up2_variant_ir(f"up2_{R}_{A}_{U}", R, A, U, V) for R, A, U in variants]
-    args = ", ".join(f"i64 %x{i}" for i in range(UP2_NARGS))
-    out = [f"define void @up2(i64 %key, {args}) #0 {{", "entry:", "  switch i64 %key, label %done ["]
-    out += [f"    i64 {up2_key(*v)}, label %c{up2_key(*v)}" for v in variants]
-    out.append("  ]")
-    for R, A, U in variants:
-        k = up2_key(R, A, U)
-        out += [f"c{k}:", f"  call void @up2_{R}_{A}_{U}({args})", "  br label %done"]
-    out += ["done:", "  ret void", "}"]
-    return "\n".join(out), bodies
+    return _switch_entry_ir("up2", variants, up2_key, UP2_NARGS), bodies
 
 
 def stencil_key(KH: int, KW: int, U: int, accumulate: bool) -> int:
@@ -908,10 +857,7 @@ def module_ir(V: int) -> str:
     parts += bodies + [entry]
     entry, bodies = _up2_entry_ir(V)
     parts += bodies + [entry]
-    entry, bodies = _rowdot_entry_ir(V)
-    parts += bodies + [entry]
-    entry, bodies = _rowfwd_entry_ir(V)
-    parts += bodies + [entry]
+    parts += _row_entries_ir(V)
     parts.append(f'attributes #0 = {{ nounwind "min-legal-vector-width"="{V * 32}" }}')
     return "\n\n".join(parts) + "\n"
 
