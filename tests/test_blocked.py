@@ -592,10 +592,11 @@ def test_blocked_dispatch_rule_256_bit():
 
 def test_blocked_dispatch_rule_amd_zen_avx512():
     """On an AMD Zen with AVX-512 (LLVM ``znver*``) the 512-bit rules, less what lost there
-    to OpenBLAS: 1x1 weight gradients on the streamed channels-last path (stride 1; strided
-    ones that do not stream in WEIGHT_PARTS parts, or beyond 384 channels where their copies
-    cannot gather the cells read), strided 1x1 data gradients, multi-tap data gradients with
-    weights above 16x the activations (pure: no host needed)."""
+    to OpenBLAS: 1x1 weight gradients on the streamed channels-last path (stride 1 below
+    56^2 positions; strided ones that do not stream in WEIGHT_PARTS parts, or beyond 384
+    channels where their copies cannot gather the cells read), strided 1x1 data gradients,
+    multi-tap data gradients with weights above 16x the activations (pure: no host
+    needed)."""
     def pays(spec, cpu="znver5"):
         return [d for d in dispatch.DIRECTIONS if dispatch.blocked_pays(spec, d, 512, cpu)]
 
@@ -604,6 +605,7 @@ def test_blocked_dispatch_rule_amd_zen_avx512():
     heavy = _spec(1, 256, 512, 1, (6, 7, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))   # 28x
     narrow_1x1 = _spec(38, 64, 64, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))          # dot kernel
     wide_1x1 = _spec(9, 64, 256, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))            # streamed
+    wide_28 = _spec(9, 128, 512, 1, (28, 28), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))            # streamed, 28^2
     r3a = _spec(19, 256, 128, 1, (56, 56), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))               # 384 channels
     r3a_b1 = _spec(4, 256, 512, 1, (56, 56), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))             # 768, 8 parts
     r4a_b1 = _spec(4, 512, 1024, 1, (28, 28), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))            # 2 parts
@@ -612,7 +614,8 @@ def test_blocked_dispatch_rule_amd_zen_avx512():
     assert pays(unet7) == pays(unet7, "") == ["bwd_data", "bwd_weights"]       # the forward's limit is 4x
     assert "bwd_data" in pays(heavy, "icelake-server") and "bwd_data" not in pays(heavy)
     assert pays(narrow_1x1) == pays(narrow_1x1, "") == list(dispatch.DIRECTIONS)
-    assert "bwd_weights" in pays(wide_1x1, "") and "bwd_weights" not in pays(wide_1x1)
+    assert "bwd_weights" in pays(wide_1x1, "") and "bwd_weights" in pays(wide_1x1)    # 56^2: streamed wins
+    assert blocked.streamed_weights(wide_28) and "bwd_weights" not in pays(wide_28)
     assert "fwd" in pays(wide_1x1) and "bwd_data" in pays(wide_1x1)
     assert pays(r3a, "") == ["bwd_data", "bwd_weights"] and pays(r3a) == ["bwd_weights"]
     assert pays(r3a_b1) == ["bwd_weights"] and blocked.streamed_weights(blocked.compressed_spec(r3a_b1))

@@ -450,7 +450,8 @@ def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
 # 2.2 / 3.1 data gradients; 3d_unet conv_2 - conv_7 1.5-3.2 / 2.0-5.4), but OpenBLAS's
 # GEMMs win elsewhere. Median of 24 calls in the benchmark's conditions (a 0.1 s pause and
 # 64 MB of other traffic before each warm-up and 3 timed calls, the two alternating):
-#  - 1x1 weight gradients on the streamed channels-last path lose to ``taps``: 64 -> 256
+#  - 1x1 weight gradients on the streamed channels-last path lost to ``taps`` (since then,
+#    see BLOCKED_ZEN_STREAMED_1X1_MIN_POSITIONS): 64 -> 256
 #    56^2 mb9 9.8 / 8.1, 128 -> 128 8.8 / 8.0, 128 -> 256 28^2 8.2 / 6.1, 256 -> 256 7.8 /
 #    4.5, 512 -> 128 11.5 / 8.4, 128 -> 512 8.5 / 7.7, 256 -> 64 9.6 / 8.8, 256 -> 512 14^2
 #    8.3 / 8.0, so only the NCX dot kernel stays (``blocked.pointwise_weights``, at most
@@ -468,6 +469,12 @@ def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
 #    5.4 and res5a_branch2b (12) ties 4.5 / 4.4 (back to back).
 BLOCKED_ZEN_STRIDED_WEIGHTS_MAX_CHANNELS = 384
 BLOCKED_ZEN_MAX_WEIGHT_RATIO = 16
+# Since the layout copies take each channel group down all its rows (``blocked``), stride-1
+# 1x1 weight gradients on the streamed path win from this many positions per image
+# (medians of 18 calls, the conditions above, blocked / taps): 56^2 mb9 256 -> 64 2.80 /
+# 3.84, 64 -> 256 2.80 / 3.06, 128 -> 128 2.59 / 3.21; but 28^2 512 -> 128 3.21 / 2.93,
+# 128 -> 512 2.71 / 2.60, 14^2 1024 -> 256 5.79 / 2.49.
+BLOCKED_ZEN_STREAMED_1X1_MIN_POSITIONS = 56 * 56
 
 
 def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
@@ -481,7 +488,8 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
             if cspec is not None:
                 return blocked.streamed_weights(cspec)
             return spec.icg + spec.ocg <= BLOCKED_ZEN_STRIDED_WEIGHTS_MAX_CHANNELS
-        return direction != "bwd_weights" or blocked.pointwise_weights(spec)
+        return direction != "bwd_weights" or blocked.pointwise_weights(spec) or (
+            blocked.streamed_weights(spec) and _prod(spec.src) >= BLOCKED_ZEN_STREAMED_1X1_MIN_POSITIONS)
     if direction == "bwd_data":
         return _prod(spec.weights_shape) <= BLOCKED_ZEN_MAX_WEIGHT_RATIO * (
             spec.mb * (spec.ic * _prod(spec.src) + spec.oc * _prod(spec.dst)))
