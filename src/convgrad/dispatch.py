@@ -464,6 +464,11 @@ def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
 #    3.8 / 4.1, res3a_branch1 (mb4) 2.6 / 2.6; not res4a_branch1 (2 parts) 3.9 / 2.6 or
 #    res5a_branch2a 6.7 / 4.0 (medians of 24 calls, the conditions above);
 #  - strided 1x1 data gradients lose: res3a_branch2a 16.7 / 14.6, res3a_branch1 7.8 / 6.9;
+#    and, measured again at 17e6bc1, stride-1 ones too (5 alternating pairs of benchmark
+#    runs of convgrad alone, medians, ms, blocked / taps: mobilenet conv3 64 -> 128 56^2
+#    mb19 5.64 / 4.16, 64 -> 64 mb38 5.75 / 4.57, 128 -> 128 mb9 4.06 / 3.32, 256 -> 64
+#    4.44 / 3.65, 64 -> 256 5.11 / 4.01); their forwards still win or tie (6 pairs: taps /
+#    blocked 0.84-1.08, the fastest calls faster on blocked);
 #  - data gradients with weights above BLOCKED_ZEN_MAX_WEIGHT_RATIO times the copied
 #    elements lose: 3d_unet conv_8 (ratio 28) 15.5 / 8.4 (im2col); conv_7 (11) wins 3.2 /
 #    5.4 and res5a_branch2b (12) ties 4.5 / 4.4 (back to back).
@@ -488,7 +493,9 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
             if cspec is not None:
                 return blocked.streamed_weights(cspec)
             return spec.icg + spec.ocg <= BLOCKED_ZEN_STRIDED_WEIGHTS_MAX_CHANNELS
-        return direction != "bwd_weights" or blocked.pointwise_weights(spec) or (
+        if direction == "bwd_data":
+            return False
+        return direction == "fwd" or blocked.pointwise_weights(spec) or (
             blocked.streamed_weights(spec) and _prod(spec.src) >= BLOCKED_ZEN_STREAMED_1X1_MIN_POSITIONS)
     if direction == "bwd_data":
         return _prod(spec.weights_shape) <= BLOCKED_ZEN_MAX_WEIGHT_RATIO * (
