@@ -254,6 +254,32 @@ def test_transpose_pairs_reads_only_the_cells_it_gathers():
         ctypes.CDLL(None).mprotect(ctypes.c_void_p(base + page), page, 3)       # PROT_READ | WRITE
 
 
+@pytest.mark.parametrize("lanes", [8, 16])
+def test_transpose_never_addresses_the_rows_it_skips(lanes):
+    """Rows past ``nr`` (loads) and past ``nc`` (stores) get an all-false mask, and their
+    masked loads and stores take the block's first row as address, not one past the
+    array's end: a masked access still translates its address, and on AMD Zen 5 an
+    address on a page not mapped or not present cost a microcode assist per access (a
+    3-channel copy ran 4.3 or 13-19 ms depending on what followed the array in memory).
+    No fault shows it (masked lanes never fault), so the IR is checked: every masked
+    access's pointer is chosen by a ``select`` whose other choice is the block start
+    (pure: no host needed)."""
+    import re
+    for ir in (_ukernel.transpose_ir("t", lanes), _ukernel.transpose_pairs_ir("p", lanes)):
+        defs = dict(re.findall(r"^\s*(%[\w.]+) = (.*)$", ir, re.M))
+        calls = re.findall(r"@llvm\.masked\.(load|store)\.[^(]*\((.*)\)$", ir, re.M)
+        assert calls
+        for kind, args in calls:
+            ptr = re.search(r"ptr (%[\w.]+)", args).group(1)
+            row0 = "%src" if kind == "load" else "%dst"
+            if ptr == row0:
+                continue
+            d = defs[ptr]
+            assert d.startswith("select i1 "), (kind, ptr, d)
+            if not d.endswith(f"ptr {row0}"):                  # the pairs' second load: its row's start
+                assert kind == "load" and re.search(r"ptr (%lp\d+)$", d), d
+
+
 @needs_blocked
 @pytest.mark.parametrize("extra", [0, 1, 2, 3, 4, 5])
 def test_blocked_every_tile_remainder(extra):

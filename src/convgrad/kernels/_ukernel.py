@@ -760,21 +760,31 @@ def _transpose_variant_ir(name: str, V: int, mode: str, linkage: str, pairs: boo
         a(f"  %pnv = shufflevector <{V} x i32> %pnv.0, <{V} x i32> poison, <{V} x i32> zeroinitializer")
         a(f"  %pam = icmp slt <{V} x i32> <{lanes}>, %pnv")
         a(f"  %pbm = icmp slt <{V} x i32> <{upper}>, %pnv")
+        a(f"  %pb = icmp sgt i32 %pn, {V}")        # the second load reads something
     for i in range(V):
         a(f"  %lo{i} = mul i64 %src_rs, {i}")
-        a(f"  %lp{i} = getelementptr float, ptr %src, i64 %lo{i}")
-        if pairs:
+        if mode == "plain":
+            a(f"  %lp{i} = getelementptr float, ptr %src, i64 %lo{i}")
+        else:
+            # A row past ``nr`` loads nothing, but from row 0's address: a masked load
+            # still translates its address, and rows past the array's end may lie on
+            # pages not mapped or not present (a microcode assist per load on AMD Zen
+            # 5: a 3-channel copy ran 4.3 or 13-19 ms depending on what followed the
+            # array in memory).
             a(f"  %in{i} = icmp sgt i64 %nr, {i}")
+            a(f"  %lr{i} = getelementptr float, ptr %src, i64 %lo{i}")
+            a(f"  %lp{i} = select i1 %in{i}, ptr %lr{i}, ptr %src")
+        if pairs:
             a(f"  %la{i} = select i1 %in{i}, {mt} %pam, {mt} zeroinitializer")
             a(f"  %lb{i} = select i1 %in{i}, {mt} %pbm, {mt} zeroinitializer")
-            a(f"  %lq{i} = getelementptr float, ptr %lp{i}, i64 {V}")
+            a(f"  %lv{i} = getelementptr float, ptr %lp{i}, i64 {V}")
+            a(f"  %lq{i} = select i1 %pb, ptr %lv{i}, ptr %lp{i}")
             a(f"  %ra{i} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %lp{i}, i32 4, {mt} %la{i}, {vt} zeroinitializer)")
             a(f"  %rb{i} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %lq{i}, i32 4, {mt} %lb{i}, {vt} zeroinitializer)")
             a(f"  %r0_{i} = shufflevector {vt} %ra{i}, {vt} %rb{i}, <{V} x i32> <{even}>")
         elif mode == "plain":
             a(f"  %r0_{i} = load {vt}, ptr %lp{i}, align 4")
         else:
-            a(f"  %in{i} = icmp sgt i64 %nr, {i}")
             a(f"  %lm{i} = select i1 %in{i}, {mt} %ncm, {mt} zeroinitializer")
             a(f"  %r0_{i} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %lp{i}, i32 4, {mt} %lm{i}, {vt} zeroinitializer)")
     stage, bit = 0, 1
@@ -798,10 +808,11 @@ def _transpose_variant_ir(name: str, V: int, mode: str, linkage: str, pairs: boo
             a(f"  br i1 %out{j}, label %st{j}, label %done")
             a(f"st{j}:")
             a(f"  store {vt} %r{stage}_{j}, ptr %sp{j}, align 4")
-        else:
+        else:                       # a row past ``nc`` stores nothing, at row 0's address
             a(f"  %out{j} = icmp sgt i64 %nc, {j}")
             a(f"  %sm{j} = select i1 %out{j}, {mt} %slm, {mt} zeroinitializer")
-            a(f"  call void @llvm.masked.store.v{V}f32.p0({vt} %r{stage}_{j}, ptr %sp{j}, i32 4, {mt} %sm{j})")
+            a(f"  %sq{j} = select i1 %out{j}, ptr %sp{j}, ptr %dst")
+            a(f"  call void @llvm.masked.store.v{V}f32.p0({vt} %r{stage}_{j}, ptr %sq{j}, i32 4, {mt} %sm{j})")
     if mode == "rows":
         a("  br label %done")
         a("done:")
