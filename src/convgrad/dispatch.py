@@ -486,15 +486,15 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
     if not _blocked_rule(spec, direction):
         return False
     if _prod(spec.kernel) == 1:
-        if blocked.strided_pointwise(spec) is not None:         # (the forward already loses)
-            if direction != "bwd_weights":
+        if direction == "bwd_data":                             # strided or not: the GEMMs
+            return False
+        if blocked.strided_pointwise(spec) is not None:
+            if direction == "fwd":                              # (the strided forward loses too)
                 return False
             cspec = blocked.compressed_spec(spec)
             if cspec is not None:
                 return blocked.streamed_weights(cspec)
             return spec.icg + spec.ocg <= BLOCKED_ZEN_STRIDED_WEIGHTS_MAX_CHANNELS
-        if direction == "bwd_data":
-            return False
         return direction == "fwd" or blocked.pointwise_weights(spec) or (
             blocked.streamed_weights(spec) and _prod(spec.src) >= BLOCKED_ZEN_STREAMED_1X1_MIN_POSITIONS)
     if direction == "bwd_data":
