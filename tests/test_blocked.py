@@ -126,6 +126,8 @@ def test_blocked_matches_reference_random(nsp, wide, schedule, monkeypatch):
     gradient on each of its schedules."""
     for name, value in WEIGHT_SCHEDULES[schedule].items():
         monkeypatch.setattr(blocked, name, value)
+    if schedule != "default":      # 1-D rows of few channels too (else ``line_weights``)
+        monkeypatch.setattr(blocked, "POINTWISE_WEIGHTS_MAX_CHANNELS", 0)
     rng = np.random.default_rng(700 + 10 * nsp + wide)
     streamed = 0
     for _ in range(10):
@@ -158,6 +160,7 @@ def test_blocked_weight_gradient_segments(monkeypatch):
     segment shorter, on 1-3 axes."""
     monkeypatch.setattr(blocked, "WEIGHT_PARTS", 3)
     monkeypatch.setattr(blocked, "ROW_CHUNK_BYTES", 1)
+    monkeypatch.setattr(blocked, "POINTWISE_WEIGHTS_MAX_CHANNELS", 0)    # the 1-D rows too
     rng = np.random.default_rng(16)
     for spec in (_spec(2, 5, 20, 1, (103,), (4,), (1,), (2,), (3,), (1,)),
                  _spec(1, 6, 9, 3, (4, 75), (2, 3), (1, 2), (1, 1), (1, 2), (0, 1)),
@@ -315,7 +318,9 @@ def test_blocked_pointwise_on_the_ncx_arrays(monkeypatch):
 def test_blocked_lines(monkeypatch, rules_of_a_512_bit_host):
     """1-D stride-1 forwards and data gradients on the NCX rows: blocks inside the row and
     at both ends (zero-padded windows), dilations and pads wider than a block, groups,
-    flipped weights; bitwise across threads; too many weights take the channels-last path."""
+    flipped weights; the weight gradients as lane sums on the rows (``line_weights``: each
+    tap over the outputs whose cell is in the row), in parts; bitwise across threads; too
+    many weights take the channels-last path."""
     monkeypatch.setattr(blocked, "POINTWISE_BLOCK_BYTES", 4 * 12 * 64)      # 64-position blocks
     monkeypatch.setattr(blocked, "PARALLEL_MACS", 0)
     rng = np.random.default_rng(8)
@@ -324,16 +329,16 @@ def test_blocked_lines(monkeypatch, rules_of_a_512_bit_host):
              _spec(1, 5, 34, 1, (129,), (4,), (1,), (1,), (0,), (0,)),
              _spec(2, 7, 9, 1, (10,), (5,), (1,), (1,), (4,), (4,)))
     for spec in cases:
-        assert blocked.line_spec(spec)
+        assert blocked.line_spec(spec) and blocked.line_weights(spec)
         _check(spec, rng, tag="lines")
         _same_bits_on_one_and_two_threads(spec)
     big = _spec(2, 512, 512, 1, (40,), (3,), (1,), (1,), (1,), (1,))
     assert not blocked.line_spec(big)
     wavenet = _spec(8, 32, 32, 1, (10543,), (2,), (1,), (1,), (0,), (0,))
     assert cg.choose_algorithm(wavenet, "fwd") == cg.choose_algorithm(wavenet, "bwd_data") == "blocked"
-    # the weight gradient streams channels-last chunks (no 1-D special case)
-    assert cg.choose_algorithm(wavenet, "bwd_weights") == "blocked"
-    assert blocked._weight_parts(wavenet)[0] == blocked.WEIGHT_PARTS
+    assert cg.choose_algorithm(wavenet, "bwd_weights") == "blocked" and blocked.line_weights(wavenet)
+    # many channels: the weight gradient streams channels-last chunks
+    assert not blocked.line_weights(big)
 
 
 @needs_blocked

@@ -475,6 +475,41 @@ def pointwise_weight_tiles(dy, x, dw, geo, i0, i1, addr, r_max, j_max):
 
 
 @njit(**JIT)
+def line_weight_items(dy, x, dwt, geo, i0, i1, addr, r_max, j_max):
+    """Items ``i0 .. i1`` of a 1-D stride-1 weight gradient on the NCX rows, added into
+    ``dwt`` (T, G*og, cg): ``dwt[t, g*og + o, c] += sum_p dy[n, g*og + o, p] *
+    x[n, g*cg + c, p + t*d - pb]`` over the positions ``p`` of the item's block whose cell
+    lies in the row (the padding adds nothing, so each tap sums a contiguous range and
+    nothing is copied). Item: (image, block of ``pblk`` outputs); per item every tile of
+    ``R`` outputs x ``J`` inputs, tap after tap, sums along the lanes (``dotkernel``)
+    while the block's rows stay in the cache."""
+    groups, og, cg, L_in, L_out, pblk, T, d, pb = (geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6],
+                                                   geo[7], geo[8])
+    nblk = (L_out + pblk - 1) // pblk
+    plane = groups * og * cg
+    da = dy.ctypes.data
+    xa = x.ctypes.data
+    wa = dwt.ctypes.data
+    for i in range(i0, i1):
+        n = i // nblk
+        p0 = (i % nblk) * pblk
+        p1 = min(L_out, p0 + pblk)
+        for g in range(groups):
+            for o0 in range(0, og, r_max):
+                R = min(r_max, og - o0)
+                for c0 in range(0, cg, j_max):
+                    J = min(j_max, cg - c0)
+                    for t in range(T):
+                        off = t * d - pb                   # input cell of output p: p + off
+                        lo = max(p0, -off)
+                        hi = min(p1, L_in - off)
+                        if hi > lo:
+                            _dotkernel(addr, R, J, da + 4 * ((n * groups * og + g * og + o0) * L_out + lo),
+                                       xa + 4 * ((n * groups * cg + g * cg + c0) * L_in + lo + off),
+                                       wa + 4 * (t * plane + (g * og + o0) * cg + c0), hi - lo, L_out, L_in, cg)
+
+
+@njit(**JIT)
 def line_items(w, x, y, buf, geo, i0, i1, addr, r_max, lanes, ob_max):
     """Items ``i0 .. i1`` of a 1-D stride-1 convolution on the NCX arrays, positions in the
     lanes: ``y[n, g*M + m, p] = sum_t sum_k A[m, k, t] * x[n, g*K + k, p + t*d - pb]`` with

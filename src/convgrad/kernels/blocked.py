@@ -541,6 +541,42 @@ def _pointwise_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, wo
     return dw.reshape(spec.weights_shape)
 
 
+def line_weights(spec: ConvSpec) -> bool:
+    """Whether a 1-D stride-1 weight gradient (a kernel of several taps) sums along the
+    lanes of the NCX rows (``_line_weights``): up to ``POINTWISE_WEIGHTS_MAX_CHANNELS``
+    input + output channels per group, as ``pointwise_weights`` (pure)."""
+    return (spec.nsp == 1 and spec.strides == (1,) and spec.kernel[0] > 1
+            and spec.icg + spec.ocg <= POINTWISE_WEIGHTS_MAX_CHANNELS)
+
+
+def _line_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, workspace_limit: int) -> np.ndarray:
+    """The weight gradient of a 1-D stride-1 problem on the NCX rows, no copies:
+    ``dW[o, c, t] = sum over n, p of dY[n, o, p] * X[n, c, p + t*d - pb]``, each tap a sum
+    along the lanes over the outputs whose cell is in the row (``line_weight_items``).
+    The items (image, block of positions) are cut into ``WEIGHT_PARTS`` parts whatever the
+    thread count, each summed into its own partial, and the partials are added in order:
+    the same bits on any number of threads."""
+    _check_conversions(spec, "bwd_weights", workspace_limit, src, diff_dst)
+    jit = _jit()
+    c = _ukernel.compiled()
+    g, cg, og, t = spec.groups, spec.icg, spec.ocg, spec.kernel[0]
+    x, dy = _f32(src), _f32(diff_dst)
+    pblk = max(c.lanes, min(1 << 14, POINTWISE_BLOCK_BYTES // (4 * (spec.ic + spec.oc)) // c.lanes * c.lanes))
+    geo = np.array((g, og, cg, spec.src[0], spec.dst[0], pblk, t, spec.dilations[0], spec.pads_begin[0]),
+                   dtype=np.int64)
+    items = spec.mb * -(-spec.dst[0] // pblk)
+    cuts = _cuts(items, WEIGHT_PARTS)
+    parts = np.zeros((len(cuts), t, spec.oc, cg), dtype=np.float32)
+    workers = _workers(spec)
+    run_each(lambda k: jit.line_weight_items(dy.reshape(-1), x.reshape(-1), parts[k], geo, cuts[k][0], cuts[k][1],
+                                             c.dot_address, c.dot_r_max, c.dot_j_max),
+             list(range(len(cuts))), workers)
+    total = parts[0]
+    for k in range(1, len(cuts)):                 # the parts in order: the same sum on any threads
+        total += parts[k]
+    return np.ascontiguousarray(total.transpose(1, 2, 0)).reshape(spec.weights_shape)
+
+
 @functools.lru_cache(maxsize=256)
 def compressed_spec(spec: ConvSpec) -> ConvSpec | None:
     """A weight gradient whose last axis reads every other input cell only (kernel 1 and
@@ -560,6 +596,8 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
                           workspace_limit: int) -> np.ndarray:
     if pointwise_weights(spec):
         return _pointwise_weights(spec, src, diff_dst, workspace_limit)
+    if line_weights(spec):
+        return _line_weights(spec, src, diff_dst, workspace_limit)
     width, xs = spec.src[-1], 1
     cspec = compressed_spec(spec)
     if cspec is not None and _weight_parts(cspec)[0]:
