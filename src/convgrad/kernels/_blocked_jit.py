@@ -559,8 +559,8 @@ def line_items(w, x, y, buf, geo, i0, i1, addr, r_max, lanes, ob_max):
                 for q0 in range(p0, p1, step):
                     cnt = min(step, p1 - q0)
                     OB = (cnt + lanes - 1) // lanes
-                    if LINE_AHEAD:                       # (module constant above)
-                        ahead = q0 + LINE_AHEAD * step
+                    ahead = q0 + LINE_AHEAD * step           # (module constant above)
+                    if LINE_AHEAD and ahead < L_out:         # (short rows: nothing ahead)
                         if m0 == 0 and inside:
                             for k in range(K):
                                 for b in range(0, 4 * step, 64):
