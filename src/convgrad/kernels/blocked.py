@@ -524,6 +524,13 @@ def pointwise_weights(spec: ConvSpec) -> bool:
                                      or not streamed_weights(spec))
 
 
+def _lane_sum_block(spec: ConvSpec, lanes: int) -> int:
+    """Positions per block of the lane-sum weight gradients (``_pointwise_weights``,
+    ``_line_weights``): the rows of every input and output channel fill at most
+    ``POINTWISE_BLOCK_BYTES``, whole vectors (pure)."""
+    return max(lanes, min(1 << 14, POINTWISE_BLOCK_BYTES // (4 * (spec.ic + spec.oc)) // lanes * lanes))
+
+
 def _pointwise_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, workspace_limit: int) -> np.ndarray:
     """The 1x1 weight gradient on the NCX arrays: each (output, input) channel pair is a
     sum along both rows' positions, computed in vector lanes (``dotkernel``) over blocks of
@@ -534,7 +541,7 @@ def _pointwise_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, wo
     g, cg, og = spec.groups, spec.icg, spec.ocg
     hw = math.prod(spec.src)
     x, dy = _f32(src), _f32(diff_dst)
-    pblk = max(c.lanes, min(1 << 14, POINTWISE_BLOCK_BYTES // (4 * (spec.ic + spec.oc)) // c.lanes * c.lanes))
+    pblk = _lane_sum_block(spec, c.lanes)
     geo = np.array((g, og, cg, hw, spec.mb, pblk), dtype=np.int64)
     dw = np.zeros((spec.oc, cg), dtype=np.float32)
     tiles = g * -(-og // c.dot_r_max) * -(-cg // c.dot_j_max)
@@ -563,15 +570,15 @@ def _line_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, workspa
     jit = _jit()
     c = _ukernel.compiled()
     g, cg, og, t = spec.groups, spec.icg, spec.ocg, spec.kernel[0]
-    x, dy = _f32(src), _f32(diff_dst)
-    pblk = max(c.lanes, min(1 << 14, POINTWISE_BLOCK_BYTES // (4 * (spec.ic + spec.oc)) // c.lanes * c.lanes))
+    x, dy = _f32(src).reshape(-1), _f32(diff_dst).reshape(-1)
+    pblk = _lane_sum_block(spec, c.lanes)
     geo = np.array((g, og, cg, spec.src[0], spec.dst[0], pblk, t, spec.dilations[0], spec.pads_begin[0]),
                    dtype=np.int64)
     items = spec.mb * -(-spec.dst[0] // pblk)
     cuts = _cuts(items, WEIGHT_PARTS)
     parts = np.zeros((len(cuts), t, spec.oc, cg), dtype=np.float32)
     workers = _workers(spec)
-    run_each(lambda k: jit.line_weight_items(dy.reshape(-1), x.reshape(-1), parts[k], geo, cuts[k][0], cuts[k][1],
+    run_each(lambda k: jit.line_weight_items(dy, x, parts[k], geo, cuts[k][0], cuts[k][1],
                                              c.dot_address, c.dot_r_max, c.dot_j_max),
              list(range(len(cuts))), workers)
     total = parts[0]
