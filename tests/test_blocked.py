@@ -296,22 +296,40 @@ def test_blocked_every_tile_remainder(extra):
         _check(_spec(2, 4, 18, 1, (w_in,), (3,), (3,), (1,), (1,), (1,)), rng, tag="remainders")
 
 
+POINTWISE_CASES = ((2, 6, 20, 1, (13, 11)), (3, 12, 21, 3, (130,)), (1, 70, 9, 1, (4, 8, 5)),
+                   (2, 5, 7, 1, (1, 1)), (2, 40, 128, 1, (9, 23)))
+
+
 @needs_blocked
-def test_blocked_pointwise_on_the_ncx_arrays(monkeypatch):
+@pytest.mark.parametrize("order", ["strips", "rows"])
+def test_blocked_pointwise_on_the_ncx_arrays(order, monkeypatch):
     """1x1 layers run on the NCX arrays, positions in the lanes (forward and data gradient:
     weights broadcast; weight gradient: sums along the lanes): image sizes around the
     64-position tile and the lanes (masked last vector), groups, tiles of fewer channels than
     the register tile, blocks of positions that end inside an image, 1 or 2 threads with
-    the same bits."""
+    the same bits; the data gradient in both orders (``pointwise_strips``: strip by strip,
+    prefetching the strips ahead, up to 128 output channels; else row tile by row tile),
+    each output the same sum in the same order either way."""
     rng = np.random.default_rng(10)
     monkeypatch.setattr(blocked, "POINTWISE_BLOCK_BYTES", 4 * 70 * 64)      # 64-position blocks
     monkeypatch.setattr(blocked, "PARALLEL_MACS", 0)
-    for spec in (_spec(2, 6, 20, 1, (13, 11), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
-                 _spec(3, 12, 21, 3, (130,), (1,), (1,), (1,), (0,), (0,)),
-                 _spec(1, 70, 9, 1, (4, 8, 5), (1, 1, 1), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)),
-                 _spec(2, 5, 7, 1, (1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))):
+    if order == "rows":
+        monkeypatch.setattr(blocked, "POINTWISE_STRIP_MAX_CHANNELS", 0)
+    for n, ic, oc, g, src in POINTWISE_CASES:
+        nsp = len(src)
+        spec = _spec(n, ic, oc, g, src, (1,) * nsp, (1,) * nsp, (1,) * nsp, (0,) * nsp, (0,) * nsp)
+        assert blocked.pointwise_strips(spec) == (order == "strips")
         _check(spec, rng, tag="pointwise")
         _same_bits_on_one_and_two_threads(spec)
+        monkeypatch.setattr(blocked, "POINTWISE_STRIP_MAX_CHANNELS", 128 if order == "rows" else 0)
+        x, w, dy = _inputs(spec, np.random.default_rng(3), np.float32)
+        other = cg.conv_backward_data(dy, w, spec.src, algorithm="blocked", **_kw(spec))
+        monkeypatch.setattr(blocked, "POINTWISE_STRIP_MAX_CHANNELS", 0 if order == "rows" else 128)
+        this = cg.conv_backward_data(dy, w, spec.src, algorithm="blocked", **_kw(spec))
+        assert np.array_equal(this, other), str(spec)
+    wide = _spec(2, 40, 129, 1, (9, 23), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    assert not blocked.pointwise_strips(wide)
+    _check(wide, rng, tag="pointwise")
 
 
 @needs_blocked
@@ -625,9 +643,10 @@ def test_blocked_dispatch_rule_amd_zen_avx512():
     """On an AMD Zen with AVX-512 (LLVM ``znver*``) the 512-bit rules, less what lost there
     to OpenBLAS: 1x1 weight gradients on the streamed channels-last path (stride 1 below
     56^2 positions; strided ones that do not stream in WEIGHT_PARTS parts, or beyond 384
-    channels where their copies cannot gather the cells read), 1x1 data gradients,
-    multi-tap data gradients with weights above 16x the activations (pure: no host
-    needed)."""
+    channels where their copies cannot gather the cells read), 1x1 data gradients but the
+    stride-1 ones run strip by strip (at most 128 output and at least 32 input channels,
+    2048 positions), multi-tap data gradients with weights above 16x the activations
+    (pure: no host needed)."""
     def pays(spec, cpu="znver5"):
         return [d for d in dispatch.DIRECTIONS if dispatch.blocked_pays(spec, d, 512, cpu)]
 
@@ -645,7 +664,12 @@ def test_blocked_dispatch_rule_amd_zen_avx512():
     assert pays(unet7) == pays(unet7, "") == ["bwd_data", "bwd_weights"]       # the forward's limit is 4x
     assert "bwd_data" in pays(heavy, "icelake-server") and "bwd_data" not in pays(heavy)
     assert pays(narrow_1x1, "") == list(dispatch.DIRECTIONS)
-    assert pays(narrow_1x1) == ["fwd", "bwd_weights"]                   # 1x1 data gradients: the GEMMs
+    assert pays(narrow_1x1) == list(dispatch.DIRECTIONS)                 # the data gradient strip by strip
+    mobile2 = _spec(19, 32, 64, 1, (112, 112), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    assert "bwd_data" in pays(mobile2) and "bwd_data" not in pays(mobile2, "")   # 32 rows: Zen only
+    for few in (_spec(19, 16, 64, 1, (112, 112), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),      # 16 rows
+                _spec(19, 128, 128, 1, (28, 28), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))):     # 784 positions
+        assert "bwd_data" not in pays(few), str(few)
     assert "bwd_weights" in pays(wide_1x1, "") and "bwd_weights" in pays(wide_1x1)    # 56^2: streamed wins
     assert blocked.streamed_weights(wide_28) and "bwd_weights" not in pays(wide_28)
     assert pays(wide_1x1) == ["fwd", "bwd_weights"] and "bwd_data" in pays(wide_1x1, "")

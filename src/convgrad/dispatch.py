@@ -437,7 +437,7 @@ def _host_rule(spec: ConvSpec, direction: str, vector_bits: int, cpu: str) -> bo
 @functools.lru_cache(maxsize=1024)
 def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
     # the host check last: it compiles the micro-kernels (~1-2 s) on its first call
-    if not (_blocked_rule(spec, direction) or _blocked_rule_256(spec, direction)):
+    if not (_blocked_rule(spec, direction) or _blocked_rule_256(spec, direction) or _zen_pointwise_data(spec, direction)):
         return False
     bits = blocked.vector_bits()
     return _host_rule(spec, direction, bits, blocked.host_cpu()) if bits in (256, 512) else False
@@ -480,13 +480,28 @@ BLOCKED_ZEN_MAX_WEIGHT_RATIO = 16
 # 3.84, 64 -> 256 2.80 / 3.06, 128 -> 128 2.59 / 3.21; but 28^2 512 -> 128 3.21 / 2.93,
 # 128 -> 512 2.71 / 2.60, 14^2 1024 -> 256 5.79 / 2.49.
 BLOCKED_ZEN_STREAMED_1X1_MIN_POSITIONS = 56 * 56
+# Since the data gradient runs strip by strip (``blocked.pointwise_strips``: at most 128
+# output channels to reduce over), stride-1 1x1 data gradients of images of at least
+# BLOCKED_POINTWISE_MIN_POSITIONS positions and BLOCKED_ZEN_POINTWISE_DATA_MIN_ROWS input
+# channels win (in-process medians, blocked / taps, 64 MB of other traffic before each
+# call, 2 threads): mobilenet conv2 (32 <- 64, 112^2, mb19) 0.90, conv3 (64 <- 128, 56^2)
+# 0.83-0.89, conv4 (128 <- 128, mb9) 0.85, resnet_50 res2b_branch2a (256 <- 64) 0.84-0.87,
+# res2a_branch2a (64 <- 64, mb38) 1.02-1.04.
+BLOCKED_ZEN_POINTWISE_DATA_MIN_ROWS = 32
+
+
+def _zen_pointwise_data(spec: ConvSpec, direction: str) -> bool:
+    return (direction == "bwd_data" and blocked.pointwise_strips(spec) and spec.icg >= BLOCKED_ZEN_POINTWISE_DATA_MIN_ROWS
+            and _prod(spec.src) >= BLOCKED_POINTWISE_MIN_POSITIONS)
 
 
 def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
+    if _zen_pointwise_data(spec, direction):
+        return True
     if not _blocked_rule(spec, direction):
         return False
     if _prod(spec.kernel) == 1:
-        if direction == "bwd_data":                             # strided or not: the GEMMs
+        if direction == "bwd_data":                             # strided, or more channels: the GEMMs
             return False
         if blocked.strided_pointwise(spec) is not None:
             if direction == "fwd":                              # (the strided forward loses too)

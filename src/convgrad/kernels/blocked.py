@@ -113,6 +113,16 @@ PARALLEL_COPY = 1 << 16
 # positions: blocks of positions whose rows of every reduced channel fill at most this
 # many bytes (they are read once from memory and then from cache by every row tile).
 POINTWISE_BLOCK_BYTES = 512 * 1024
+# The data gradient's products run strip by strip (``pointwise_strips``) where a strip of
+# one register tile's positions (4 x 16 on AVX-512) down every reduced (output) channel
+# fits in L1: at most POINTWISE_STRIP_MAX_CHANNELS of them (32 KiB). In-process medians,
+# strip / row order, 64 MB of other traffic before each call (2 threads, three runs):
+# mobilenet conv2 (32 <- 64 channels, 112^2) 0.91-0.92, conv3 (64 <- 128, 56^2)
+# 0.81-0.90, conv4 (128 <- 128) 0.90, resnet_50 res2b_branch2a (256 <- 64) 0.97; with
+# more channels it varies (mobilenet conv5, 128 <- 256 at 28^2, 0.92-0.97, conv6, 256 <-
+# 256, 1.04-1.06; conv8, 512 <- 512 at 14^2, 1.01), and the forwards lose (64 -> 128
+# 1.05, 64 -> 256 1.11, 128 -> 256 1.06).
+POINTWISE_STRIP_MAX_CHANNELS = 128
 # 1x1 weight gradients with more input + output channels per group than this take the
 # streamed channels-last path (``pointwise_weights``). Measured (ms, in-process, streamed /
 # lanes of the NCX rows / the GEMM lowering chosen before): 256 -> 64 at 56^2 mb9 6.6 /
@@ -402,13 +412,21 @@ def _pointwise(spec: ConvSpec, a: np.ndarray, b: np.ndarray, transposed: bool, w
     pblk = max(obw, min(16 * obw, POINTWISE_BLOCK_BYTES // (4 * k) // obw * obw))
     # A_g[m, k] = W[g*K + k, m] (transposed: m along a row) or W[g*M + m, k]
     a_rs, a_ks, a_gs = (1, m, k * m) if transposed else (k, 1, m * k)
-    geo = np.array((g, m, k, a_rs, a_ks, a_gs, g * k * hw, k * hw, g * m * hw, m * hw, hw, pblk), dtype=np.int64)
+    strips = transposed and pointwise_strips(spec)
+    geo = np.array((g, m, k, a_rs, a_ks, a_gs, g * k * hw, k * hw, g * m * hw, m * hw, hw, pblk, strips),
+                   dtype=np.int64)
     items = spec.mb * -(-hw // pblk)
     workers = _workers(spec)
     c = _ukernel.compiled()
     run_each(lambda r: jit.pointwise_items(a.reshape(-1), b.reshape(-1), y.reshape(-1), geo, r[0], r[1], c.address,
                                            r_max, lanes, c.ob_max), _cuts(items, workers), workers)
     return y
+
+
+def pointwise_strips(spec: ConvSpec) -> bool:
+    """Whether a 1x1 data gradient on the NCX arrays runs strip by strip (pure): at most
+    ``POINTWISE_STRIP_MAX_CHANNELS`` output channels per group to reduce over."""
+    return pointwise_spec(spec) and spec.ocg <= POINTWISE_STRIP_MAX_CHANNELS
 
 
 def line_spec(spec: ConvSpec) -> bool:
