@@ -540,6 +540,57 @@ def test_pointwise_single_position_and_short_images(monkeypatch):
         _check_all(_spec(3, 6, 4, 1, (3, 5), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), rng)
 
 
+def test_pointwise_data_gradient_on_packed_rows_in_channel_chunks(monkeypatch):
+    """1x1 data gradients of short images (2 to POINTWISE_MIN_ROWS - 1 positions) pack
+    diff_dst once and run fixed input-channel chunks, each one product over every image:
+    odd and even batches, groups, chunks of unequal size, 1-D to 3-D, float64, half and
+    non-contiguous inputs match the reference; the same bits on 1 and 2 threads; a cap too
+    small for the packed rows falls back to the blocks; the rule is a pure function."""
+    from convgrad.kernels import gemm
+    real = _spec(9, 2048, 512, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))     # resnet_50 res5b_branch2a
+    assert gemm.packed_pointwise_chunks(real) == 2 and cg.choose_algorithm(real, "bwd_data") == "taps"
+    for other in (_spec(19, 512, 1024, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),      # chunks too narrow
+                  _spec(9, 2048, 512, 1, (14, 14), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),     # in place
+                  _spec(9, 2048, 512, 1, (7, 7), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),       # strided
+                  _spec(9, 2048, 512, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 1), (0, 0)),       # padded
+                  _spec(32, 2048, 5, 1, (1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))):       # one position
+        assert gemm.packed_pointwise_chunks(other) == 0, str(other)
+    monkeypatch.setattr(gemm, "PACKED_POINTWISE_MIN_CHANNELS", 2)
+    monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
+    rng = np.random.default_rng(43)
+    cases = [_spec(3, 5, 4, 1, (3, 5), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
+             _spec(4, 12, 6, 2, (7,), (1,), (1,), (1,), (0,), (0,)),
+             _spec(1, 9, 7, 1, (2, 3, 2), (1, 1, 1), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))]
+    for spec in cases:
+        assert gemm.packed_pointwise_chunks(spec) == 2
+        _check_all(spec, rng, algorithms=("taps",))
+        dy = rng.standard_normal(spec.dst_shape)
+        w = rng.standard_normal(spec.weights_shape)
+        half = cg.conv_backward_data(dy[..., ::-1].astype(np.float16), w.astype(np.float16), spec.src,
+                                     algorithm="taps", **_kw(spec))
+        want = ref.conv_backward_data(spec, dy[..., ::-1].astype(np.float16).astype(np.float64),
+                                      w.astype(np.float16).astype(np.float64))
+        assert half.dtype == np.float16 and rel_err(half, want) <= 1e-2
+        f32 = (dy.astype(np.float32), w.astype(np.float32))
+        two = cg.conv_backward_data(*f32, spec.src, algorithm="taps", **_kw(spec))
+        cg.set_num_threads(1)
+        try:
+            one = cg.conv_backward_data(*f32, spec.src, algorithm="taps", **_kw(spec))
+        finally:
+            cg.set_num_threads(None)
+        assert np.array_equal(one, two)
+    # 16 images: the packed rows (5760 bytes) and a chunk's result (3840) exceed the cap,
+    # one image's block of the other path does not
+    spec = _spec(16, 8, 6, 1, (3, 5), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
+    w = rng.standard_normal(spec.weights_shape).astype(np.float32)
+    with cg.workspace_limit(5760 + 3840 - 1):
+        small = cg.conv_backward_data(dy, w, spec.src, algorithm="taps", **_kw(spec))
+    assert rel_err(small, ref.conv_backward_data(spec, dy.astype(np.float64), w.astype(np.float64))) <= 1e-5
+    assert gemm._packed_pointwise_data(spec, dy, w, np.float32, 2, 5760 + 3840 - 1) is None
+    assert rel_err(gemm._packed_pointwise_data(spec, dy, w, np.float32, 2, 5760 + 3840), small) <= 1e-6
+
+
 def test_stride_one_unpadded_taps_read_and_write_in_place(monkeypatch):
     """Stride 1 without front padding: a one-image block's phase grid is ``src`` itself, and
     with no halo after axis 0 the forward result, ``diff_dst`` (weights gradient) and the

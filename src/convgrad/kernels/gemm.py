@@ -848,6 +848,71 @@ def _pointwise_mats(a: np.ndarray, b: Block, groups: int) -> list[np.ndarray]:
     return [part[i] for i in range(b.nb)]
 
 
+# Pointwise data gradients of images too small for in-place products (more than one and
+# fewer than POINTWISE_MIN_ROWS positions: resnet_50's and mobilenet's 7x7 layers) pack
+# diff_dst once, every image side by side, and split the input channels into
+# PACKED_POINTWISE_CHUNKS fixed chunks (the problem's, not the threads'), each one product
+# over every image and one copy into dsrc. Derivation: with P positions per image and Y_g
+# the packed (Og, N*P) rows of group g (Y_g[o, n*P + p] = dY[n, g*Og + o, p]),
+#   dX[n, g*Cg + c, p] = sum_o W[g*Og + o, c] dY[n, g*Og + o, p] = (W_g^T @ Y_g)[c, n*P + p],
+# so chunk [c0, c1) is W_g[:, c0:c1]^T @ Y_g, unpacked to dX[:, g*Cg + c0:g*Cg + c1].
+# Blocks of whole images had made each product 1-10 images wide (and left one thread 5
+# images of 9). In-process medians (2 threads, float32, 64 MB of other traffic before each
+# call), two chunks / whole-image blocks: resnet_50 res5b_branch2a (2048 <- 512 channels)
+# mb9 0.87-0.92, mb8 0.92, mb19 0.88; mobilenet conv10 (1024 <- 1024) mb9 0.94, mb10 0.92;
+# 1024 <- 256 mb9 0.82; but with fewer input channels the chunks' products are too short:
+# res5a_branch2c (512 <- 2048) 0.98, 512 <- 1024 mb9 0.99, mobilenet conv9 (mb19) 1.10, so
+# each chunk has at least PACKED_POINTWISE_MIN_CHANNELS. Four chunks: 0.92-1.16.
+PACKED_POINTWISE_CHUNKS = 2
+PACKED_POINTWISE_MIN_CHANNELS = 512
+
+
+def packed_pointwise_chunks(spec: ConvSpec) -> int:
+    """Input-channel chunks of a pointwise data gradient on packed rows (pure): 1x1, stride
+    1, no padding, 2 to POINTWISE_MIN_ROWS - 1 positions per image, chunks of at least
+    PACKED_POINTWISE_MIN_CHANNELS channels, a problem large enough for the thread pool; 0
+    where the other lowerings run it."""
+    rows = math.prod(spec.src)
+    if not (all(k == 1 for k in spec.kernel) and all(s == 1 for s in spec.strides)
+            and not any(spec.pads_begin) and not any(spec.pads_end) and 1 < rows < POINTWISE_MIN_ROWS):
+        return 0
+    if spec.flops < PARALLEL_FLOPS or spec.icg < PACKED_POINTWISE_CHUNKS * PACKED_POINTWISE_MIN_CHANNELS:
+        return 0
+    return PACKED_POINTWISE_CHUNKS
+
+
+def _packed_pointwise_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, dtype, chunks: int,
+                           workspace_limit: int) -> np.ndarray | None:
+    """``packed_pointwise_chunks``' data gradient (derived there), or None when the packed
+    rows and the chunks' results do not fit the workspace cap."""
+    g, cg, og, n = spec.groups, spec.icg, spec.ocg, spec.mb
+    rows = n * math.prod(spec.src)
+    itemsize = np.dtype(dtype).itemsize
+    cuts = _bounds(cg, chunks)
+    worst = max(b - a for a, b in zip(cuts, cuts[1:])) * rows * itemsize
+    packed_bytes = g * og * rows * itemsize
+    if packed_bytes + worst > workspace_limit:
+        return None
+    packed = _scratch("b", (g * og, n, rows // n), dtype)          # the calling thread's
+    _parallel_copy(packed, diff_dst.reshape(n, g * og, -1).swapaxes(0, 1), axis=0)
+    packed = packed.reshape(g, og, rows)
+    w = weights.reshape(g, og, cg)
+    if w.dtype != dtype:
+        w = w.astype(dtype)
+    dsrc, _ = _result(spec.src_shape, dtype, zeroed=False)
+    out = dsrc.reshape(n, g, cg, -1)
+
+    def work(item) -> None:
+        gi, c0, c1 = item
+        z = _scratch("a", (c1 - c0, rows), dtype)
+        matmul_into(w[gi, :, c0:c1].T, packed[gi], z, False)
+        out[:, gi, c0:c1] = z.reshape(c1 - c0, n, -1).swapaxes(0, 1)
+
+    items = [(gi, a, b) for gi in range(g) for a, b in zip(cuts, cuts[1:])]
+    _run_blocks(work, items, worst, workspace_limit - packed_bytes, (cuts[1], rows, og))
+    return dsrc
+
+
 # One window per image: a kernel exactly the size of the unpadded, undilated image (a
 # dense layer written as a convolution; the data gradient of a transposed convolution from
 # a 1x1x1 latent). Derivation: the only output position reads every input position once,
@@ -1463,6 +1528,11 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
         return conv_forward(flipped, diff_dst, flat.reshape((spec.ic, og) + spec.kernel), dtype=dtype,
                             algorithm="im2col", workspace_limit=workspace_limit, rows_target=rows_target,
                             reverse_taps=True)
+    chunks = packed_pointwise_chunks(spec) if algorithm == "taps" else 0
+    if chunks:
+        done = _packed_pointwise_data(spec, diff_dst, weights, dtype, chunks, workspace_limit)
+        if done is not None:
+            return done
     pointwise = algorithm != "im2col" and _pointwise(spec, diff_dst, dtype=dtype)
     # the pointwise products write every element: no zeroing pass (1 ms of a 10 ms, 30 MB
     # data gradient on the AVX-512 VM, whose memory runs at ~20 GB/s for two cores); the
