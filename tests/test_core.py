@@ -591,6 +591,58 @@ def test_pointwise_data_gradient_on_packed_rows_in_channel_chunks(monkeypatch):
     assert rel_err(gemm._packed_pointwise_data(spec, dy, w, np.float32, 2, 5760 + 3840), small) <= 1e-6
 
 
+def test_col2im_data_gradient_of_one_image_in_column_chunks(monkeypatch):
+    """A col2im data gradient of one image cut into row slabs, with huge kernels (the
+    ``rows`` and ``classes`` scatters), splits Z's columns instead: halves of the input
+    channels (groups too), or with one channel halves of the kernel's first axis (each
+    scattered shifted by its first tap; chunks overlap in dsrc and add in order). Pads
+    that crop, dilation, 2-D, float64 and half inputs match the reference, with the same
+    bits on 1 and 2 threads; a cap too small for a chunk falls back to the slabs; the rule
+    is pure and leaves the channel-last and phase scatters (3d_unet conv_8) to the slabs."""
+    from convgrad.kernels import gemm
+    istft = _spec(1, 1, 1026, 1, (58112,), (1024,), (256,), (1,), (0,), (0,))
+    unet8 = _spec(1, 256, 512, 1, (6, 7, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
+
+    def chunks(spec):
+        geom = gemm.geometry(spec)
+        blocks = gemm.plan(geom, "bwd_data", "im2col", 4, dispatch.DEFAULT_WORKSPACE_LIMIT, dispatch.ROWS_TARGET)
+        return gemm.column_chunks(spec, blocks)
+
+    assert chunks(istft) == ("taps", 2) and cg.choose_algorithm(istft, "bwd_data") == "im2col"
+    assert chunks(unet8) == ("", 1)
+    assert chunks(_spec(2, 1, 1026, 1, (58112,), (1024,), (256,), (1,), (0,), (0,))) == ("", 1)    # two images
+    monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
+    monkeypatch.setattr(dispatch, "ROWS_TARGET", 6)
+    rng = np.random.default_rng(47)
+    cases = [(_spec(1, 1, 6, 1, (70,), (16,), (4,), (1,), (3,), (5,)), "taps"),
+             (_spec(1, 1, 5, 1, (83,), (16,), (8,), (2,), (4,), (0,)), "taps"),
+             (_spec(1, 4, 6, 2, (70,), (16,), (4,), (1,), (2,), (2,)), "channels"),
+             (_spec(1, 3, 4, 1, (45, 7), (16, 2), (4, 1), (1, 1), (1, 0), (2, 1)), "channels"),
+             (_spec(1, 1, 4, 1, (45, 7), (17, 2), (4, 1), (1, 2), (1, 0), (2, 1)), "taps")]
+    for spec, how in cases:
+        assert chunks(spec) == (how, 2), str(spec)
+        _check_all(spec, rng, algorithms=("im2col",))
+        dy = rng.standard_normal(spec.dst_shape)
+        w = rng.standard_normal(spec.weights_shape)
+        half = cg.conv_backward_data(dy.astype(np.float16), w.astype(np.float16), spec.src, algorithm="im2col",
+                                     **_kw(spec))
+        want = ref.conv_backward_data(spec, dy.astype(np.float16).astype(np.float64),
+                                      w.astype(np.float16).astype(np.float64))
+        assert half.dtype == np.float16 and rel_err(half, want) <= 1e-2
+        f32 = (dy.astype(np.float32), w.astype(np.float32))
+        two = cg.conv_backward_data(*f32, spec.src, algorithm="im2col", **_kw(spec))
+        cg.set_num_threads(1)
+        try:
+            one = cg.conv_backward_data(*f32, spec.src, algorithm="im2col", **_kw(spec))
+        finally:
+            cg.set_num_threads(None)
+        assert np.array_equal(one, two), str(spec)
+        assert gemm._col2im_column_chunks(spec, *f32, np.float32, how, 2, 64) is None       # a chunk needs more
+        with cg.workspace_limit(64 << 10):
+            assert rel_err(cg.conv_backward_data(*f32, spec.src, algorithm="im2col", **_kw(spec)),
+                           ref.conv_backward_data(spec, dy, w)) <= 1e-5
+
+
 def test_stride_one_unpadded_taps_read_and_write_in_place(monkeypatch):
     """Stride 1 without front padding: a one-image block's phase grid is ``src`` itself, and
     with no halo after axis 0 the forward result, ``diff_dst`` (weights gradient) and the

@@ -1496,6 +1496,96 @@ def flipped_spec(spec: ConvSpec) -> ConvSpec | None:
 FLIP_MAX_RATIO = 1.5
 
 
+# A col2im data gradient of one image that the plan would cut into row slabs splits Z's
+# columns instead, in COLUMN_CHUNKS fixed chunks: halves of the input channels, or, with
+# one channel per group, halves of the kernel's first axis. Each chunk is one product
+# over every output position, scattered into its own zeroed block, which is added into
+# dsrc in chunk order (the chunks of one channel overlap there). Derivation: Z =
+# W_cols^T @ dY (rows: (c, k), columns: output positions y) and dX[window(y, k)] += Z[(c, k),
+# y]; the rows of a chunk are contiguous in W_cols^T (channel-major, then the kernel's
+# first axis), and a chunk of taps k0 in [a, b) is the same scatter with kernel axis 0
+# of b - a taps, shifted by a * d along input axis 0. The slabs had made each product a
+# few output positions wide: per-thread products (1 thread, float32) of the ISTFT
+# (1024 x 1026 x 112 / 512 x 1026 x 224) 1.45-1.56 / 1.28-1.30 ms; the whole data
+# gradient, in-process medians, chunks / slabs: 0.89-0.95 (four runs). The chunks scatter
+# with ``_col2im``, so only problems whose slabs do too (``rows`` and ``classes``
+# layouts, huge kernels) take them: 3d_unet conv_8's products ran faster in chunks (3456
+# x 512 x 100: 2.35 ms against 3.4-3.8 for its slabs' 50 positions) but its channel-last
+# scatter (``channels_ct``) on the K-major chunks lost more, 1.04-1.15.
+COLUMN_CHUNKS = 2
+
+
+def column_chunks(spec: ConvSpec, blocks: list) -> tuple[str, int]:
+    """How a col2im data gradient of one image splits its column matrix (pure): ("channels",
+    2) or ("taps", 2) where the plan cuts the image into row slabs (``blocks``) that
+    scatter with ``_col2im`` and a chunk has at least one channel or kernel row; ("", 1)
+    otherwise."""
+    if spec.mb != 1 or len(blocks) < 2 or blocks[0].whole or _scatter_layout(spec, blocks[0]) not in ("rows", "classes"):
+        return "", 1
+    if spec.icg >= COLUMN_CHUNKS:
+        return "channels", COLUMN_CHUNKS
+    if spec.kernel[0] >= COLUMN_CHUNKS:
+        return "taps", COLUMN_CHUNKS
+    return "", 1
+
+
+def _col2im_column_chunks(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, dtype, how: str, chunks: int,
+                          workspace_limit: int) -> np.ndarray | None:
+    """``column_chunks``' data gradient (derived there), or None when a chunk's column
+    matrix and scatter block do not fit the workspace cap."""
+    g, cg, og = spec.groups, spec.icg, spec.ocg
+    t = math.prod(spec.kernel)
+    k0, d0 = spec.kernel[0], spec.dilations[0]
+    rows = math.prod(spec.dst)
+    whole = Block(0, 1, 0, spec.dst[0], True)
+    cuts = _bounds(cg if how == "channels" else k0, chunks)
+    items = [(gi, a, b) for gi in range(g) for a, b in zip(cuts, cuts[1:])]
+
+    def sub(a: int, b: int) -> ConvSpec:          # the chunk's scatter as a problem of its own
+        if how == "channels":
+            return dataclasses.replace(spec, ic=b - a, oc=og, groups=1)
+        return dataclasses.replace(spec, ic=1, oc=og, groups=1, kernel=(b - a,) + spec.kernel[1:])
+
+    itemsize = np.dtype(dtype).itemsize
+    worst = max((b - a) * (t if how == "channels" else t // k0) * rows * itemsize
+                + math.prod(_padded_rows(sub(a, b), whole)) * (b - a if how == "channels" else 1) * itemsize
+                for a, b in zip(cuts, cuts[1:]))
+    if worst > workspace_limit:
+        return None
+    w_cols = _weights(spec, weights, (0, 1, 2, 3), dtype).reshape(g, og, cg * t).swapaxes(1, 2)   # (G, Cg*T, Og)
+    dy = _dst_rows(spec, diff_dst, whole, dtype).reshape(g, og, rows)
+    dsrc, zero = _result(spec.src_shape, dtype, zeroed=True)
+    if not zero:
+        dsrc.fill(0)
+
+    def work(item):
+        gi, a, b = item
+        cspec = sub(a, b)
+        lo, hi = (a * t, b * t) if how == "channels" else (a * (t // k0), b * (t // k0))
+        z = _scratch("a", (hi - lo, rows), dtype)
+        matmul_into(w_cols[gi, lo:hi], dy[gi], z, False)
+        padded = np.zeros((1, cspec.ic) + _padded_rows(cspec, whole), dtype=dtype)
+        _col2im(cspec, z.reshape((1, cspec.ic) + cspec.kernel + (1,) + spec.dst), padded)
+        return item, padded
+
+    def consume(result) -> None:                # input cell x = padded cell + shift - pads_begin
+        (gi, a, b), padded = result
+        c0, c1 = (gi * cg + a, gi * cg + b) if how == "channels" else (gi * cg, gi * cg + 1)
+        shift = (0 if how == "channels" else a * d0,) + (0,) * (spec.nsp - 1)
+        box, src = [], []
+        for j in range(spec.nsp):
+            lo = max(0, spec.pads_begin[j] - shift[j])
+            hi = min(padded.shape[2 + j], spec.pads_begin[j] + spec.src[j] - shift[j])
+            if hi <= lo:
+                return
+            box.append(slice(lo, hi))
+            src.append(slice(lo + shift[j] - spec.pads_begin[j], hi + shift[j] - spec.pads_begin[j]))
+        dsrc[(0, slice(c0, c1)) + tuple(src)] += padded[(0, slice(None)) + tuple(box)]
+
+    _run_blocks(work, items, worst, workspace_limit, (cuts[1] * t, rows, og), consume)
+    return dsrc
+
+
 def flipped_data_gradient(spec: ConvSpec) -> ConvSpec | None:
     """``flipped_spec`` when ``im2col`` runs the data gradient that way, else None (col2im;
     pure): stride 1 and a flipped column matrix at most ``FLIP_MAX_RATIO`` times Z's."""
@@ -1533,6 +1623,12 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
         done = _packed_pointwise_data(spec, diff_dst, weights, dtype, chunks, workspace_limit)
         if done is not None:
             return done
+    blocks, worst = _plan(geom, "bwd_data", algorithm, dtype, workspace_limit, rows_target)
+    how, chunks = column_chunks(spec, blocks) if algorithm == "im2col" else ("", 1)
+    if chunks > 1:
+        done = _col2im_column_chunks(spec, diff_dst, weights, dtype, how, chunks, workspace_limit)
+        if done is not None:
+            return done
     pointwise = algorithm != "im2col" and _pointwise(spec, diff_dst, dtype=dtype)
     # the pointwise products write every element: no zeroing pass (1 ms of a 10 ms, 30 MB
     # data gradient on the AVX-512 VM, whose memory runs at ~20 GB/s for two cores); the
@@ -1544,7 +1640,6 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     if algorithm == "im2col" and not zero:
         dsrc.fill(0)
     zero_rows = rows and not zero
-    blocks, worst = _plan(geom, "bwd_data", algorithm, dtype, workspace_limit, rows_target)
     if algorithm == "im2col":
         # (G, Cg*T, Og) as the transpose of the weights' own (G, Og, Cg*T) layout: BLAS reads
         # it in place (transposing a 512 x 4608 weight matrix cost ~3 ms, a third of a call).
