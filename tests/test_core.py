@@ -717,6 +717,11 @@ def test_weights_gradient_channel_chunks(monkeypatch):
                 assert rel_err(got, want) <= 1e-12, (alg, str(spec))
             np.testing.assert_array_equal(runs[0], runs[1])
             np.testing.assert_array_equal(runs[2], runs[3])
+    # rows' elements up to CHUNK_MAX_ROW_RATIO (1.25) times the weights: resnet_50
+    # res5a_branch2c (9 images, 1.08x) splits, 12 images (1.43x) keep their row blocks
+    for mb, chunks in ((9, 2), (12, 1)):
+        deep = _spec(mb, 512, 2048, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+        assert [gemm.weight_chunks(deep, "bwd_weights", alg) for alg in FAST] == [chunks] * len(FAST)
     gemm._plan_cached.cache_clear()
 
 
