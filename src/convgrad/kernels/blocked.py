@@ -25,7 +25,8 @@ flip is done while the weights are put in blocks.
 
 1x1 layers (``pointwise_spec``) need no copy: the forward and data gradient put positions
 in the lanes and broadcast the weights (``y[n, o, p] = sum_c W[o, c] x[n, c, p]``, the last
-vector of an image masked), the weight gradient sums ``dy[n, o, p] * x[n, c, p]`` along
+vector of an image masked; the data gradient of few channels strip by strip,
+``pointwise_strips``, each strip of positions read once from memory), the weight gradient sums ``dy[n, o, p] * x[n, c, p]`` along
 the lanes of both rows (``dotkernel``) in blocks of positions, then across the lanes in a
 fixed halving order. 1-D stride-1 layers (``line_spec``) run the same way on the rows
 themselves, each tap a shifted read of the row, the weights broadcast from their own

@@ -35,7 +35,9 @@ rows in place, channels ``prod(spatial)`` apart (BLAS's leading dimension); when
 after the first has a halo (1-D, or kernels of extent 1 there) the wide rows *are* the
 canonical rows, so ``diff_dst`` is read and the forward result and data gradient are
 written in place too. 1x1 kernels with stride 1 and no padding ("pointwise") never pack:
-``Y_n = W @ X_n`` per image, or, for 1x1 images, one product with the batch as rows.
+``Y_n = W @ X_n`` per image, or, for 1x1 images, one product with the batch as rows;
+except the data gradient of short images (7x7), which packs ``diff_dst`` once and splits
+the input channels instead (``packed_pointwise_chunks``): one product over every image.
 
 ``im2col``: the exact column matrix (no wide rows: best for small images, whose halo
 would waste flops, and for few channels, whose per-tap products are too thin). For output
@@ -50,7 +52,8 @@ The scatter adds one tap at a time along contiguous memory (``_scatter_layout``)
 the channels of a channel-last block when there are many (Z stored rows-major, taps
 outside the channels), else along output rows, into one grid per stride phase (tap ``k``
 lands in phase ``k*d mod s`` at a shift of ``k*d // s`` cells, as in ``taps``), copied into
-the strided positions once at the end.
+the strided positions once at the end. One image with a huge kernel (the ISTFT) splits Z's
+columns between the threads instead of its rows (``column_chunks``).
 
 With stride 1 the data gradient is itself a forward correlation of ``dY`` with the
 flipped kernel (``flipped_spec``), so ``im2col`` runs it as a forward im2col: no scatter
