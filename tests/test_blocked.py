@@ -308,11 +308,12 @@ def test_blocked_pointwise_on_the_ncx_arrays(order, monkeypatch):
     64-position tile and the lanes (masked last vector), groups, tiles of fewer channels than
     the register tile, blocks of positions that end inside an image, 1 or 2 threads with
     the same bits; the data gradient in both orders (``pointwise_strips``: strip by strip,
-    prefetching the strips ahead, up to 128 output channels; else row tile by row tile),
+    prefetching the strips ahead, up to 256 output channels; else row tile by row tile),
     each output the same sum in the same order either way."""
     rng = np.random.default_rng(10)
     monkeypatch.setattr(blocked, "POINTWISE_BLOCK_BYTES", 4 * 70 * 64)      # 64-position blocks
     monkeypatch.setattr(blocked, "PARALLEL_MACS", 0)
+    most = blocked.POINTWISE_STRIP_MAX_CHANNELS
     if order == "rows":
         monkeypatch.setattr(blocked, "POINTWISE_STRIP_MAX_CHANNELS", 0)
     for n, ic, oc, g, src in POINTWISE_CASES:
@@ -321,13 +322,13 @@ def test_blocked_pointwise_on_the_ncx_arrays(order, monkeypatch):
         assert blocked.pointwise_strips(spec) == (order == "strips")
         _check(spec, rng, tag="pointwise")
         _same_bits_on_one_and_two_threads(spec)
-        monkeypatch.setattr(blocked, "POINTWISE_STRIP_MAX_CHANNELS", 128 if order == "rows" else 0)
+        monkeypatch.setattr(blocked, "POINTWISE_STRIP_MAX_CHANNELS", most if order == "rows" else 0)
         x, w, dy = _inputs(spec, np.random.default_rng(3), np.float32)
         other = cg.conv_backward_data(dy, w, spec.src, algorithm="blocked", **_kw(spec))
-        monkeypatch.setattr(blocked, "POINTWISE_STRIP_MAX_CHANNELS", 0 if order == "rows" else 128)
+        monkeypatch.setattr(blocked, "POINTWISE_STRIP_MAX_CHANNELS", 0 if order == "rows" else most)
         this = cg.conv_backward_data(dy, w, spec.src, algorithm="blocked", **_kw(spec))
         assert np.array_equal(this, other), str(spec)
-    wide = _spec(2, 40, 129, 1, (9, 23), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    wide = _spec(2, 40, 257, 1, (9, 23), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
     assert not blocked.pointwise_strips(wide)
     _check(wide, rng, tag="pointwise")
 
@@ -644,7 +645,7 @@ def test_blocked_dispatch_rule_amd_zen_avx512():
     to OpenBLAS: 1x1 weight gradients on the streamed channels-last path (stride 1 below
     56^2 positions; strided ones that do not stream in WEIGHT_PARTS parts, or beyond 384
     channels where their copies cannot gather the cells read), 1x1 data gradients but the
-    stride-1 ones run strip by strip (at most 128 output and at least 32 input channels,
+    stride-1 ones run strip by strip (at most 256 output and at least 32 input channels,
     2048 positions), multi-tap data gradients with weights above 16x the activations
     (pure: no host needed)."""
     def pays(spec, cpu="znver5"):
@@ -672,7 +673,9 @@ def test_blocked_dispatch_rule_amd_zen_avx512():
         assert "bwd_data" not in pays(few), str(few)
     assert "bwd_weights" in pays(wide_1x1, "") and "bwd_weights" in pays(wide_1x1)    # 56^2: streamed wins
     assert blocked.streamed_weights(wide_28) and "bwd_weights" not in pays(wide_28)
-    assert pays(wide_1x1) == ["fwd", "bwd_weights"] and "bwd_data" in pays(wide_1x1, "")
+    assert pays(wide_1x1) == list(dispatch.DIRECTIONS)                   # 256 output channels: strips
+    wider = _spec(9, 64, 257, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    assert "bwd_data" not in pays(wider) and "bwd_data" in pays(wider, "")
     assert pays(r3a, "") == ["bwd_data", "bwd_weights"] and pays(r3a) == ["bwd_weights"]
     assert pays(r3a_b1) == ["bwd_weights"] and blocked.streamed_weights(blocked.compressed_spec(r3a_b1))
     assert pays(r4a_b1) == []

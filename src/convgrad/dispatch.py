@@ -480,13 +480,15 @@ BLOCKED_ZEN_MAX_WEIGHT_RATIO = 16
 # 3.84, 64 -> 256 2.80 / 3.06, 128 -> 128 2.59 / 3.21; but 28^2 512 -> 128 3.21 / 2.93,
 # 128 -> 512 2.71 / 2.60, 14^2 1024 -> 256 5.79 / 2.49.
 BLOCKED_ZEN_STREAMED_1X1_MIN_POSITIONS = 56 * 56
-# Since the data gradient runs strip by strip (``blocked.pointwise_strips``: at most 128
+# Since the data gradient runs strip by strip (``blocked.pointwise_strips``: at most 256
 # output channels to reduce over), stride-1 1x1 data gradients of images of at least
 # BLOCKED_POINTWISE_MIN_POSITIONS positions and BLOCKED_ZEN_POINTWISE_DATA_MIN_ROWS input
-# channels win (in-process medians, blocked / taps, 64 MB of other traffic before each
-# call, 2 threads): mobilenet conv2 (32 <- 64, 112^2, mb19) 0.90, conv3 (64 <- 128, 56^2)
-# 0.83-0.89, conv4 (128 <- 128, mb9) 0.85, resnet_50 res2b_branch2a (256 <- 64) 0.84-0.87,
-# res2a_branch2a (64 <- 64, mb38) 1.02-1.04.
+# channels win. Alternating benchmark runs (convgrad alone, six pairs per set, new / old
+# medians): mobilenet conv2 (32 <- 64, 112^2, mb19) 0.74 and 0.92, conv3 (64 <- 128,
+# 56^2) 0.90 / 0.99, conv4 (128 <- 128, mb9) 0.67 / 0.90, resnet_50 res2a_branch2a (64 <-
+# 64, mb38) 0.83 / 0.95, res2b_branch2a (256 <- 64) 0.83 / 0.91, res2a_branch1 (64 <- 256)
+# 0.91 / 0.93. At 28^2 (784 positions) they lost: conv5 (128 <- 256) 1.14, conv6 1.21,
+# res3b_branch2a (512 <- 128) 1.09.
 BLOCKED_ZEN_POINTWISE_DATA_MIN_ROWS = 32
 
 

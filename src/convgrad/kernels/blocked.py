@@ -26,8 +26,8 @@ flip is done while the weights are put in blocks.
 1x1 layers (``pointwise_spec``) need no copy: the forward and data gradient put positions
 in the lanes and broadcast the weights (``y[n, o, p] = sum_c W[o, c] x[n, c, p]``, the last
 vector of an image masked; the data gradient of few channels strip by strip,
-``pointwise_strips``, each strip of positions read once from memory), the weight gradient sums ``dy[n, o, p] * x[n, c, p]`` along
-the lanes of both rows (``dotkernel``) in blocks of positions, then across the lanes in a
+``pointwise_strips``, each strip of positions read once from memory), the weight
+gradient sums ``dy[n, o, p] * x[n, c, p]`` along the lanes of both rows (``dotkernel``) in blocks of positions, then across the lanes in a
 fixed halving order. 1-D stride-1 layers (``line_spec``) run the same way on the rows
 themselves, each tap a shifted read of the row, the weights broadcast from their own
 layout (flipped in place for the data gradient), the blocks at the row ends on a small
@@ -116,14 +116,14 @@ PARALLEL_COPY = 1 << 16
 POINTWISE_BLOCK_BYTES = 512 * 1024
 # The data gradient's products run strip by strip (``pointwise_strips``) where a strip of
 # one register tile's positions (4 x 16 on AVX-512) down every reduced (output) channel
-# fits in L1: at most POINTWISE_STRIP_MAX_CHANNELS of them (32 KiB). In-process medians,
-# strip / row order, 64 MB of other traffic before each call (2 threads, three runs):
-# mobilenet conv2 (32 <- 64 channels, 112^2) 0.91-0.92, conv3 (64 <- 128, 56^2)
-# 0.81-0.90, conv4 (128 <- 128) 0.90, resnet_50 res2b_branch2a (256 <- 64) 0.97; with
-# more channels it varies (mobilenet conv5, 128 <- 256 at 28^2, 0.92-0.97, conv6, 256 <-
-# 256, 1.04-1.06; conv8, 512 <- 512 at 14^2, 1.01), and the forwards lose (64 -> 128
-# 1.05, 64 -> 256 1.11, 128 -> 256 1.06).
-POINTWISE_STRIP_MAX_CHANNELS = 128
+# stays in L1 or L2: at most POINTWISE_STRIP_MAX_CHANNELS of them (64 KiB). In-process
+# medians, strip / row order, 64 MB of other traffic before each call (2 threads, three
+# runs): mobilenet conv2 (32 <- 64 channels, 112^2) 0.91-0.92, conv3 (64 <- 128, 56^2)
+# 0.81-0.90, conv4 (128 <- 128) 0.90, resnet_50 res2b_branch2a (256 <- 64) 0.97;
+# mobilenet conv5 (128 <- 256 at 28^2) 0.92-0.98, conv6 (256 <- 256) 0.97 and 1.04-1.06;
+# with more channels no gain (conv8, 512 <- 512 at 14^2, 1.01), and the forwards lose
+# (64 -> 128 1.05, 64 -> 256 1.11, 128 -> 256 1.06).
+POINTWISE_STRIP_MAX_CHANNELS = 256
 # 1x1 weight gradients with more input + output channels per group than this take the
 # streamed channels-last path (``pointwise_weights``). Measured (ms, in-process, streamed /
 # lanes of the NCX rows / the GEMM lowering chosen before): 256 -> 64 at 56^2 mb9 6.6 /
