@@ -540,6 +540,24 @@ def test_pointwise_single_position_and_short_images(monkeypatch):
         _check_all(_spec(3, 6, 4, 1, (3, 5), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), rng)
 
 
+def _half_inputs_and_thread_bits(spec, dy, w, alg):
+    """``alg``'s data gradient of half inputs against the reference (one rounding of each
+    input and of the result), and the same bits on 1 and 2 threads in float32; returns
+    the float32 inputs."""
+    half = cg.conv_backward_data(dy.astype(np.float16), w.astype(np.float16), spec.src, algorithm=alg, **_kw(spec))
+    want = ref.conv_backward_data(spec, dy.astype(np.float16).astype(np.float64), w.astype(np.float16).astype(np.float64))
+    assert half.dtype == np.float16 and rel_err(half, want) <= 1e-2, str(spec)
+    f32 = (dy.astype(np.float32), w.astype(np.float32))
+    two = cg.conv_backward_data(*f32, spec.src, algorithm=alg, **_kw(spec))
+    cg.set_num_threads(1)
+    try:
+        one = cg.conv_backward_data(*f32, spec.src, algorithm=alg, **_kw(spec))
+    finally:
+        cg.set_num_threads(None)
+    assert np.array_equal(one, two), str(spec)
+    return f32
+
+
 def test_pointwise_data_gradient_on_packed_rows_in_channel_chunks(monkeypatch):
     """1x1 data gradients of short images (2 to POINTWISE_MIN_ROWS - 1 positions) pack
     diff_dst once and run fixed input-channel chunks, each one product over every image:
@@ -564,21 +582,8 @@ def test_pointwise_data_gradient_on_packed_rows_in_channel_chunks(monkeypatch):
     for spec in cases:
         assert gemm.packed_pointwise_chunks(spec) == 2
         _check_all(spec, rng, algorithms=("taps",))
-        dy = rng.standard_normal(spec.dst_shape)
-        w = rng.standard_normal(spec.weights_shape)
-        half = cg.conv_backward_data(dy[..., ::-1].astype(np.float16), w.astype(np.float16), spec.src,
-                                     algorithm="taps", **_kw(spec))
-        want = ref.conv_backward_data(spec, dy[..., ::-1].astype(np.float16).astype(np.float64),
-                                      w.astype(np.float16).astype(np.float64))
-        assert half.dtype == np.float16 and rel_err(half, want) <= 1e-2
-        f32 = (dy.astype(np.float32), w.astype(np.float32))
-        two = cg.conv_backward_data(*f32, spec.src, algorithm="taps", **_kw(spec))
-        cg.set_num_threads(1)
-        try:
-            one = cg.conv_backward_data(*f32, spec.src, algorithm="taps", **_kw(spec))
-        finally:
-            cg.set_num_threads(None)
-        assert np.array_equal(one, two)
+        dy = rng.standard_normal(spec.dst_shape)[..., ::-1]                     # not contiguous
+        _half_inputs_and_thread_bits(spec, dy, rng.standard_normal(spec.weights_shape), "taps")
     # 16 images: the packed rows (5760 bytes) and a chunk's result (3840) exceed the cap,
     # one image's block of the other path does not
     spec = _spec(16, 8, 6, 1, (3, 5), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
@@ -624,19 +629,7 @@ def test_col2im_data_gradient_of_one_image_in_column_chunks(monkeypatch):
         _check_all(spec, rng, algorithms=("im2col",))
         dy = rng.standard_normal(spec.dst_shape)
         w = rng.standard_normal(spec.weights_shape)
-        half = cg.conv_backward_data(dy.astype(np.float16), w.astype(np.float16), spec.src, algorithm="im2col",
-                                     **_kw(spec))
-        want = ref.conv_backward_data(spec, dy.astype(np.float16).astype(np.float64),
-                                      w.astype(np.float16).astype(np.float64))
-        assert half.dtype == np.float16 and rel_err(half, want) <= 1e-2
-        f32 = (dy.astype(np.float32), w.astype(np.float32))
-        two = cg.conv_backward_data(*f32, spec.src, algorithm="im2col", **_kw(spec))
-        cg.set_num_threads(1)
-        try:
-            one = cg.conv_backward_data(*f32, spec.src, algorithm="im2col", **_kw(spec))
-        finally:
-            cg.set_num_threads(None)
-        assert np.array_equal(one, two), str(spec)
+        f32 = _half_inputs_and_thread_bits(spec, dy, w, "im2col")
         assert gemm._col2im_column_chunks(spec, *f32, np.float32, how, 2, 64) is None       # a chunk needs more
         with cg.workspace_limit(64 << 10):
             assert rel_err(cg.conv_backward_data(*f32, spec.src, algorithm="im2col", **_kw(spec)),
