@@ -24,20 +24,21 @@ and channels swapped, pads ``(K - 1)*d - p`` (``gemm.flipped_spec``, derived the
 flip is done while the weights are put in blocks.
 
 1x1 layers (``pointwise_spec``) need no copy: the forward and data gradient put positions
-in the lanes and broadcast the weights (``y[n, o, p] = sum_c W[o, c] x[n, c, p]``, the last
-vector of an image masked; the data gradient of few channels strip by strip,
-``pointwise_strips``, each strip of positions read once from memory), the weight
-gradient sums ``dy[n, o, p] * x[n, c, p]`` along the lanes of both rows (``dotkernel``) in blocks of positions, then across the lanes in a
-fixed halving order. 1-D stride-1 layers (``line_spec``) run the same way on the rows
-themselves, each tap a shifted read of the row, the weights broadcast from their own
-layout (flipped in place for the data gradient), the blocks at the row ends on a small
-zero-padded window; their weight gradient (``line_weights``, few channels) sums each tap's
-``dy`` row against the input row shifted by ``t*d - pb`` along the lanes, over the outputs
-whose cell is in the row (no padding to write: the padding adds nothing). Strided 1x1
-forwards and data gradients run the same on a copy of the input cells their outputs read
-(``strided_pointwise``; the data gradient is zero on the other cells); their weight
-gradient is the general one below, on the cells read where the stride along the last
-axis is 2 (``compressed_spec``: the copies gather every other cell).
+in the lanes and broadcast the weights (``y[n, o, p] = sum_c W[o, c] x[n, c, p]``, the
+last vector of an image masked; the data gradient of few channels strip by strip,
+``pointwise_strips``, each strip of positions read once from memory), the weight gradient
+sums ``dy[n, o, p] * x[n, c, p]`` along the lanes of both rows (``dotkernel``) in blocks
+of positions, then across the lanes in a fixed halving order. 1-D stride-1 layers
+(``line_spec``) run the same way on the rows themselves, each tap a shifted read of the
+row, the weights broadcast from their own layout (flipped in place for the data gradient),
+the blocks at the row ends on a small zero-padded window; their weight gradient
+(``line_weights``, few channels) sums each tap's ``dy`` row against the input row shifted
+by ``t*d - pb`` along the lanes, over the outputs whose cell is in the row (no padding to
+write: the padding adds nothing). Strided 1x1 forwards and data gradients run the same on
+a copy of the input cells their outputs read (``strided_pointwise``; the data gradient is
+zero on the other cells); their weight gradient is the general one below, on the cells
+read where the stride along the last axis is 2 (``compressed_spec``: the copies gather
+every other cell).
 
 Weight gradient (any stride, dilation, padding)::
 

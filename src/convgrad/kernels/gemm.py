@@ -835,9 +835,13 @@ def pointwise_spec(spec: ConvSpec) -> bool:
     """1x1 kernel, stride 1, no padding, and one position or large images (pure): the
     problem ``taps`` runs as plain products of the canonical arrays, with no copies."""
     rows = math.prod(spec.src)
+    return _unit_1x1(spec) and (rows >= POINTWISE_MIN_ROWS or rows == 1)
+
+
+def _unit_1x1(spec: ConvSpec) -> bool:
+    """1x1 kernel, stride 1, no padding (pure)."""
     return (all(k == 1 for k in spec.kernel) and all(s == 1 for s in spec.strides)
-            and not any(spec.pads_begin) and not any(spec.pads_end)
-            and (rows >= POINTWISE_MIN_ROWS or rows == 1))
+            and not any(spec.pads_begin) and not any(spec.pads_end))
 
 
 def _pointwise(spec: ConvSpec, *arrays: np.ndarray, dtype) -> bool:
@@ -880,9 +884,7 @@ def packed_pointwise_chunks(spec: ConvSpec) -> int:
     1, no padding, 2 to POINTWISE_MIN_ROWS - 1 positions per image, chunks of at least
     PACKED_POINTWISE_MIN_CHANNELS channels, a problem large enough for the thread pool; 0
     where the other lowerings run it."""
-    rows = math.prod(spec.src)
-    if not (all(k == 1 for k in spec.kernel) and all(s == 1 for s in spec.strides)
-            and not any(spec.pads_begin) and not any(spec.pads_end) and 1 < rows < POINTWISE_MIN_ROWS):
+    if not (_unit_1x1(spec) and 1 < math.prod(spec.src) < POINTWISE_MIN_ROWS):
         return 0
     if spec.flops < PARALLEL_FLOPS or spec.icg < PACKED_POINTWISE_CHUNKS * PACKED_POINTWISE_MIN_CHANNELS:
         return 0
@@ -1544,6 +1546,7 @@ def _col2im_column_chunks(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndar
     g, cg, og = spec.groups, spec.icg, spec.ocg
     t = math.prod(spec.kernel)
     k0, d0 = spec.kernel[0], spec.dilations[0]
+    per = t if how == "channels" else t // k0      # Z rows per channel, or per kernel row
     rows = math.prod(spec.dst)
     whole = Block(0, 1, 0, spec.dst[0], True)
     cuts = _bounds(cg if how == "channels" else k0, chunks)
@@ -1555,7 +1558,7 @@ def _col2im_column_chunks(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndar
         return dataclasses.replace(spec, ic=1, oc=og, groups=1, kernel=(b - a,) + spec.kernel[1:])
 
     itemsize = np.dtype(dtype).itemsize
-    worst = max((b - a) * (t if how == "channels" else t // k0) * rows * itemsize
+    worst = max((b - a) * per * rows * itemsize
                 + math.prod(_padded_rows(sub(a, b), whole)) * (b - a if how == "channels" else 1) * itemsize
                 for a, b in zip(cuts, cuts[1:]))
     if worst > workspace_limit:
@@ -1569,9 +1572,8 @@ def _col2im_column_chunks(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndar
     def work(item):
         gi, a, b = item
         cspec = sub(a, b)
-        lo, hi = (a * t, b * t) if how == "channels" else (a * (t // k0), b * (t // k0))
-        z = _scratch("a", (hi - lo, rows), dtype)
-        matmul_into(w_cols[gi, lo:hi], dy[gi], z, False)
+        z = _scratch("a", ((b - a) * per, rows), dtype)
+        matmul_into(w_cols[gi, a * per:b * per], dy[gi], z, False)
         padded = np.zeros((1, cspec.ic) + _padded_rows(cspec, whole), dtype=dtype)
         _col2im(cspec, z.reshape((1, cspec.ic) + cspec.kernel + (1,) + spec.dst), padded)
         return item, padded
@@ -1590,7 +1592,7 @@ def _col2im_column_chunks(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndar
             src.append(slice(lo + shift[j] - spec.pads_begin[j], hi + shift[j] - spec.pads_begin[j]))
         dsrc[(0, slice(c0, c1)) + tuple(src)] += padded[(0, slice(None)) + tuple(box)]
 
-    _run_blocks(work, items, worst, workspace_limit, (cuts[1] * t, rows, og), consume)
+    _run_blocks(work, items, worst, workspace_limit, (cuts[1] * per, rows, og), consume)
     return dsrc
 
 
