@@ -596,6 +596,64 @@ def test_pointwise_data_gradient_on_packed_rows_in_channel_chunks(monkeypatch):
     assert rel_err(gemm._packed_pointwise_data(spec, dy, w, np.float32, 2, 5760 + 3840), small) <= 1e-6
 
 
+def test_pointwise_products_one_image_per_item(monkeypatch):
+    """1x1 forwards and data gradients of images of fewer than POINTWISE_ITEM_MAX_POSITIONS
+    positions run one image per item and an odd batch's last image as two halves of its
+    result channels (a pure rule): odd and even batches, one image, groups, unequal halves,
+    1-D to 3-D, float64, half and non-contiguous inputs match the reference; the same bits
+    on 1 and 2 threads."""
+    from convgrad.kernels import gemm
+    conv8 = _spec(9, 512, 512, 1, (14, 14), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))   # mobilenet conv8
+    assert gemm.pointwise_items(conv8, "bwd_data") == [(n, 0, 512) for n in range(8)] + [(8, 0, 256), (8, 256, 512)]
+    conv5 = _spec(19, 128, 256, 1, (28, 28), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))  # 128 rows: halves of 64
+    assert gemm.pointwise_items(conv5, "bwd_data")[-2:] == [(18, 0, 64), (18, 64, 128)]
+    assert gemm.pointwise_items(conv5, "fwd")[-2:] == [(18, 0, 128), (18, 128, 256)]
+    assert gemm.pointwise_items(_spec(8, 512, 512, 1, (14, 14), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
+                                "fwd") == [(n, 0, 512) for n in range(8)]
+    assert gemm.pointwise_items(_spec(1, 512, 256, 1, (812,), (1,), (1,), (1,), (0,), (0,)),
+                                "bwd_data") == [(0, 0, 256), (0, 256, 512)]                 # wavenet conv1d_1x1_2
+    assert gemm.pointwise_items(_spec(9, 32, 256, 1, (28, 28), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
+                                "bwd_data")[-1] == (8, 0, 32)                              # halves too short
+    for other in (_spec(1, 100, 100, 1, (40, 40), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), # one short item
+                  _spec(9, 128, 128, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),  # large images
+                  _spec(9, 512, 512, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),    # short images
+                  _spec(9, 512, 512, 1, (14, 14), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),  # strided
+                  _spec(9, 512, 512, 1, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),  # 3x3
+                  _spec(3, 16, 16, 1, (14, 14), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))):   # too small
+        assert gemm.pointwise_items(other, "bwd_data") == gemm.pointwise_items(other, "fwd") == [], str(other)
+    monkeypatch.setattr(gemm, "POINTWISE_MIN_ROWS", 4)
+    monkeypatch.setattr(gemm, "POINTWISE_HALF_MIN_CHANNELS", 2)
+    monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
+    rng = np.random.default_rng(53)
+    cases = [_spec(3, 5, 4, 1, (3, 5), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),             # halves 2 + 3, 2 + 2
+             _spec(4, 12, 6, 2, (7,), (1,), (1,), (1,), (0,), (0,)),
+             _spec(1, 9, 7, 1, (2, 3, 2), (1, 1, 1), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)),
+             _spec(5, 8, 10, 2, (2, 3), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))]
+    for spec in cases:
+        for d in ("fwd", "bwd_data"):
+            items = gemm.pointwise_items(spec, d)
+            rows = spec.icg if d == "bwd_data" else spec.ocg
+            assert [n for n, _, _ in items] == list(range(spec.mb)) + [spec.mb - 1] * (spec.mb % 2), (d, str(spec))
+            assert (items[-1][1] > 0) == (spec.mb % 2 == 1) and items[-1][2] == rows, (d, str(spec))
+        _check_all(spec, rng, algorithms=("taps",))
+        x = rng.standard_normal(spec.src_shape)[..., ::-1]                      # not contiguous
+        w = rng.standard_normal(spec.weights_shape)
+        dy = rng.standard_normal(spec.dst_shape)[..., ::-1]
+        half = cg.conv_forward(x.astype(np.float16), w.astype(np.float16), algorithm="taps", **_kw(spec))
+        want = ref.conv_forward(spec, x.astype(np.float16).astype(np.float64), w.astype(np.float16).astype(np.float64))
+        assert half.dtype == np.float16 and rel_err(half, want) <= 1e-2, str(spec)
+        dy32, w32 = _half_inputs_and_thread_bits(spec, dy, w, "taps")
+        x32 = x.astype(np.float32)
+        calls = (lambda: cg.conv_forward(x32, w32, algorithm="taps", **_kw(spec)),
+                 lambda: cg.conv_backward_data(dy32, w32, spec.src, algorithm="taps", **_kw(spec)))
+        items_bits = [f() for f in calls]
+        cg.set_num_threads(1)
+        try:
+            assert all(np.array_equal(f(), b) for f, b in zip(calls, items_bits)), str(spec)
+        finally:
+            cg.set_num_threads(None)
+
+
 def test_col2im_data_gradient_of_one_image_in_column_chunks(monkeypatch):
     """A col2im data gradient of one image cut into row slabs, with huge kernels (the
     ``rows`` and ``classes`` scatters), splits Z's columns instead: halves of the input

@@ -860,6 +860,58 @@ def _pointwise_mats(a: np.ndarray, b: Block, groups: int) -> list[np.ndarray]:
     return [part[i] for i in range(b.nb)]
 
 
+# The in-place pointwise products of a forward (Y_n = W @ X_n) or data gradient
+# (dX_n = W^T @ dY_n) on images of fewer than POINTWISE_ITEM_MAX_POSITIONS positions (or
+# a single image) run one image per item, and an odd batch's last image as two items, each
+# half of its result channels (rows of W or W^T, the same K reduction): blocks of several
+# images had left one thread 11 images of 19 (blocks of 4, 4, 4, 4, 3) or 5 of 9, and one
+# image's two row slabs made narrow products. Every item computes whole dot products over
+# the same K, so results do not depend on the threads. In-process medians (2 threads,
+# float32, 8 rounds of 5 calls, 64 MB of other traffic between rounds), items / blocks,
+# data gradients: mobilenet conv8 (512 <- 512, 14^2, mb9) 0.88, conv7 (mb19) 0.83, conv6
+# (256, 28^2, mb9) 0.88, conv5 (128 <- 256, mb19) 0.85, resnet_50 res4b_branch2a (mb9)
+# 0.87, res3b_branch2a 0.87, res3a_branch2c 0.88; one image of 512 channels at 28^2 0.89,
+# at 56^2 0.91. Both halves of every image instead (two fixed channel chunks) lost on even
+# batches (256 channels 28^2 mb32 1.11, mb12 1.08) and wherever a half held few channels
+# (64 <- 256 at 28^2 1.25), as did the split at 56^2 (mb9, 128 channels: 1.03).
+POINTWISE_ITEM_MAX_POSITIONS = 2048
+POINTWISE_HALF_MIN_CHANNELS = 64
+
+
+def pointwise_items(spec: ConvSpec, direction: str) -> list[tuple[int, int, int]]:
+    """(image, first, end) result channels per group of each item of a pointwise forward or
+    data gradient (pure; derived above); [] where the planned blocks run it: too small a
+    problem for the thread pool, images of POINTWISE_ITEM_MAX_POSITIONS positions or more,
+    or one image whose halves would be short."""
+    positions = math.prod(spec.src)
+    if not (pointwise_spec(spec) and positions >= POINTWISE_MIN_ROWS and spec.flops >= PARALLEL_FLOPS):
+        return []
+    if positions >= POINTWISE_ITEM_MAX_POSITIONS:
+        return []
+    rows = spec.icg if direction == "bwd_data" else spec.ocg
+    items = [(n, 0, rows) for n in range(spec.mb)]
+    if spec.mb % 2 and rows >= 2 * POINTWISE_HALF_MIN_CHANNELS:
+        items[-1:] = [(spec.mb - 1, 0, rows // 2), (spec.mb - 1, rows // 2, rows)]
+    return items if len(items) > 1 else []
+
+
+def _pointwise_items_run(spec: ConvSpec, w: np.ndarray, a: np.ndarray, out: np.ndarray,
+                         items: list[tuple[int, int, int]], workspace_limit: int) -> None:
+    """``out[n] = w @ a[n]`` group by group for ``pointwise_items``' items: ``w`` (G, R, K)
+    the weights as the left operand, ``a`` and ``out`` C-contiguous (N, G*K, P), (N, G*R, P)."""
+    g, positions = spec.groups, math.prod(spec.src)
+    rows, k = w.shape[1], w.shape[2]
+    a = a.reshape(spec.mb, g, k, positions)
+    out = out.reshape(spec.mb, g, rows, positions)
+
+    def work(item) -> None:
+        n, r0, r1 = item
+        for gi in range(g):
+            matmul_into(w[gi, r0:r1], a[n, gi], out[n, gi, r0:r1], False)
+
+    _run_blocks(work, items, 1, workspace_limit, (rows, positions, k))
+
+
 # Pointwise data gradients of images too small for in-place products (more than one and
 # fewer than POINTWISE_MIN_ROWS positions: resnet_50's and mobilenet's 7x7 layers) pack
 # diff_dst once, every image side by side, and split the input channels into
@@ -1302,6 +1354,11 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
         w = _weights(spec, weights, (3, 0, 1, 2), dtype)                   # (T, G, Og, Cg)
         inner = tuple(slice(0, o) for o in spec.dst[1:])
         if _pointwise(spec, src, dtype=dtype):
+            items = pointwise_items(spec, "fwd")
+            if items:
+                _pointwise_items_run(spec, w[0], src, dst, items, workspace_limit)
+                return dst
+
             def work(b: Block) -> None:                                    # Y_n = W @ X_n
                 for x, y in zip(_pointwise_mats(src, b, g), _pointwise_mats(dst, b, g)):
                     for gi in range(g):
@@ -1704,6 +1761,11 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
         return dsrc
     w = _weights(spec, weights, (3, 0, 2, 1), dtype)                       # (T, G, Cg, Og)
     if pointwise:
+        items = pointwise_items(spec, "bwd_data")
+        if items:
+            _pointwise_items_run(spec, w[0], diff_dst, dsrc, items, workspace_limit)
+            return dsrc
+
         def work(b: Block) -> None:                                        # dX_n = W^T @ dY_n
             for dy, dx in zip(_pointwise_mats(diff_dst, b, g), _pointwise_mats(dsrc, b, g)):
                 for gi in range(g):
