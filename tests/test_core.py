@@ -654,6 +654,49 @@ def test_pointwise_products_one_image_per_item(monkeypatch):
             cg.set_num_threads(None)
 
 
+def test_pointwise_weight_gradient_of_an_odd_batch_in_two_halves(monkeypatch):
+    """A 1x1 weight gradient of an odd batch sums two halves of the images' positions, the
+    middle image cut between them (a pure rule): grouped, 1-D to 3-D, float64, half and
+    non-contiguous inputs match the reference; the same bits on 1 and 2 threads."""
+    from convgrad.kernels import gemm
+    conv8 = _spec(9, 512, 512, 1, (14, 14), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))   # mobilenet conv8
+    assert gemm.pointwise_weight_halves(conv8) == [[(n, 0, 196) for n in range(4)] + [(4, 0, 98)],
+                                                   [(4, 98, 196)] + [(n, 0, 196) for n in range(5, 9)]]
+    for other in (_spec(8, 512, 512, 1, (14, 14), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),   # even batch
+                  _spec(1, 512, 256, 1, (812,), (1,), (1,), (1,), (0,), (0,)),              # one image
+                  _spec(9, 512, 512, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),    # short images
+                  _spec(9, 512, 512, 1, (14, 14), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),  # strided
+                  _spec(3, 16, 16, 1, (14, 14), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))):   # too small
+        assert gemm.pointwise_weight_halves(other) == [], str(other)
+    monkeypatch.setattr(gemm, "POINTWISE_MIN_ROWS", 4)
+    monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
+    taken = []
+    real = gemm.pointwise_weight_halves
+    monkeypatch.setattr(gemm, "pointwise_weight_halves", lambda spec: taken.append(real(spec)) or taken[-1])
+    rng = np.random.default_rng(59)
+    for spec in (_spec(3, 5, 4, 1, (9, 9), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),            # cut 40 | 41
+                 _spec(5, 12, 6, 2, (70,), (1,), (1,), (1,), (0,), (0,)),
+                 _spec(7, 9, 7, 1, (4, 5, 4), (1, 1, 1), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))):
+        taken.clear()
+        _check_all(spec, rng, algorithms=("taps",))
+        assert taken and taken[-1], str(spec)
+        x = rng.standard_normal(spec.src_shape)[..., ::-1]                      # not contiguous
+        dy = rng.standard_normal(spec.dst_shape)[..., ::-1]
+        half = cg.conv_backward_weights(x.astype(np.float16), dy.astype(np.float16), spec.kernel,
+                                        algorithm="taps", **_kw(spec))
+        want = ref.conv_backward_weights(spec, x.astype(np.float16).astype(np.float64),
+                                         dy.astype(np.float16).astype(np.float64))
+        assert half.dtype == np.float16 and rel_err(half, want) <= 1e-2, str(spec)
+        x32, dy32 = x.astype(np.float32), dy.astype(np.float32)
+        two = cg.conv_backward_weights(x32, dy32, spec.kernel, algorithm="taps", **_kw(spec))
+        cg.set_num_threads(1)
+        try:
+            assert np.array_equal(cg.conv_backward_weights(x32, dy32, spec.kernel, algorithm="taps", **_kw(spec)),
+                                  two), str(spec)
+        finally:
+            cg.set_num_threads(None)
+
+
 def test_col2im_data_gradient_of_one_image_in_column_chunks(monkeypatch):
     """A col2im data gradient of one image cut into row slabs, with huge kernels (the
     ``rows`` and ``classes`` scatters), splits Z's columns instead: halves of the input
