@@ -656,8 +656,9 @@ def test_pointwise_products_one_image_per_item(monkeypatch):
 
 def test_pointwise_weight_gradient_of_an_odd_batch_in_two_halves(monkeypatch):
     """A 1x1 weight gradient of an odd batch sums two halves of the images' positions, the
-    middle image cut between them (a pure rule): grouped, 1-D to 3-D, float64, half and
-    non-contiguous inputs match the reference; the same bits on 1 and 2 threads."""
+    middle image cut between them, and one image's runs in two input-channel chunks (pure
+    rules): grouped, 1-D to 3-D, float64, half and non-contiguous inputs match the
+    reference; the same bits on 1 and 2 threads."""
     from convgrad.kernels import gemm
     conv8 = _spec(9, 512, 512, 1, (14, 14), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))   # mobilenet conv8
     assert gemm.pointwise_weight_halves(conv8) == [[(n, 0, 196) for n in range(4)] + [(4, 0, 98)],
@@ -668,18 +669,28 @@ def test_pointwise_weight_gradient_of_an_odd_batch_in_two_halves(monkeypatch):
                   _spec(9, 512, 512, 1, (14, 14), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),  # strided
                   _spec(3, 16, 16, 1, (14, 14), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))):   # too small
         assert gemm.pointwise_weight_halves(other) == [], str(other)
+    wavenet = _spec(1, 512, 256, 1, (812,), (1,), (1,), (1,), (0,), (0,))                 # conv1d_1x1_2
+    assert gemm.pointwise_weight_columns(wavenet) == 2 and gemm.pointwise_weight_halves(wavenet) == []
+    for other in (conv8, _spec(1, 32, 256, 1, (812,), (1,), (1,), (1,), (0,), (0,)),      # 16-channel chunks
+                  _spec(1, 512, 256, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),    # short image
+                  _spec(1, 64, 64, 1, (812,), (1,), (1,), (1,), (0,), (0,))):               # too small
+        assert gemm.pointwise_weight_columns(other) == 1, str(other)
     monkeypatch.setattr(gemm, "POINTWISE_MIN_ROWS", 4)
     monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
+    monkeypatch.setattr(gemm, "CHUNK_MIN_CHANNELS", 2)
     taken = []
-    real = gemm.pointwise_weight_halves
-    monkeypatch.setattr(gemm, "pointwise_weight_halves", lambda spec: taken.append(real(spec)) or taken[-1])
+    for name in ("pointwise_weight_halves", "pointwise_weight_columns"):
+        real = getattr(gemm, name)
+        monkeypatch.setattr(gemm, name, lambda spec, real=real: taken.append(real(spec)) or taken[-1])
     rng = np.random.default_rng(59)
     for spec in (_spec(3, 5, 4, 1, (9, 9), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),            # cut 40 | 41
                  _spec(5, 12, 6, 2, (70,), (1,), (1,), (1,), (0,), (0,)),
-                 _spec(7, 9, 7, 1, (4, 5, 4), (1, 1, 1), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))):
+                 _spec(7, 9, 7, 1, (4, 5, 4), (1, 1, 1), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)),
+                 _spec(1, 9, 4, 1, (9, 9), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),            # columns 4 | 5
+                 _spec(1, 12, 6, 2, (70,), (1,), (1,), (1,), (0,), (0,))):
         taken.clear()
         _check_all(spec, rng, algorithms=("taps",))
-        assert taken and taken[-1], str(spec)
+        assert any(t not in ([], 1) for t in taken), str(spec)
         x = rng.standard_normal(spec.src_shape)[..., ::-1]                      # not contiguous
         dy = rng.standard_normal(spec.dst_shape)[..., ::-1]
         half = cg.conv_backward_weights(x.astype(np.float16), dy.astype(np.float16), spec.kernel,

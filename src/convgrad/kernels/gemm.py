@@ -938,6 +938,22 @@ def pointwise_weight_halves(spec: ConvSpec) -> list[list[tuple[int, int, int]]]:
             [(m, cut, positions)] + [(n, 0, positions) for n in range(m + 1, spec.mb)]]
 
 
+# ... and one image's runs as two chunks of the input channels (columns of dW), each
+# reducing over every position into its own columns of the result, instead of two slabs of
+# positions whose partial gradients were added: in-process medians (as above), chunks /
+# slabs: wavenet conv1d_1x1_2 (256 <- 512, 812 positions) 0.88, conv1d_1x1_3 0.92, 512
+# channels at 28^2 0.92, 256 at 56^2 0.83 (output-channel chunks: 0.93-0.97); eight
+# alternating harness pairs: conv1d_1x1_2 0.88, conv1d_1x1_3 0.90, 512 at 28^2 0.91, 256
+# at 40^2 0.87.
+def pointwise_weight_columns(spec: ConvSpec) -> int:
+    """Input-channel chunks of a pointwise weight gradient of one image (pure): 2 where the
+    problem is one for the thread pool with at least CHUNK_MIN_CHANNELS input channels per
+    group in each chunk; else 1."""
+    if not (spec.mb == 1 and pointwise_spec(spec) and math.prod(spec.src) >= POINTWISE_MIN_ROWS):
+        return 1
+    return 2 if spec.flops >= PARALLEL_FLOPS and spec.icg >= 2 * CHUNK_MIN_CHANNELS else 1
+
+
 # Pointwise data gradients of images too small for in-place products (more than one and
 # fewer than POINTWISE_MIN_ROWS positions: resnet_50's and mobilenet's 7x7 layers) pack
 # diff_dst once, every image side by side, and split the input channels into
@@ -1465,6 +1481,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     ch = weight_chunk_axis(spec, algorithm)                  # the chunked axis of (G, Og, Cg, T)
     cuts = _bounds(cg if ch == 2 else og, nchunks)
     items = [(b, o0, o1) for b in blocks for o0, o1 in zip(cuts, cuts[1:])]
+    columns = 1                                               # input-channel chunks (pointwise)
     if algorithm == "im2col":
         layout, order = (g, og, cg, t), (0, 1, 2, 3)          # already (G, Og, Cg, T)
 
@@ -1483,22 +1500,28 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     elif _pointwise(spec, src, diff_dst, dtype=dtype):
         layout, order = (1, g, og, cg), (1, 2, 3, 0)
         halves = pointwise_weight_halves(spec) if len(blocks) == 2 and nchunks == 1 else []
+        columns = pointwise_weight_columns(spec) if nchunks == 1 else 1
         if halves:
             items = [(h, 0, og) for h in halves]
             positions = math.prod(spec.src)
             dy_n = diff_dst.reshape(spec.mb, g, og, positions)
             x_n = src.reshape(spec.mb, g, cg, positions)
+        elif columns > 1:                                  # one whole block, input-channel chunks
+            blocks = [Block(0, 1, 0, _extent(geom, "bwd_weights", algorithm)[0], True)]
+            cuts = _bounds(cg, columns)
+            items = [(blocks[0], c0, c1) for c0, c1 in zip(cuts, cuts[1:])]
 
         def work(item, out=None) -> np.ndarray:                            # dW = sum_n dY_n @ X_n^T
-            b, o0, o1 = item
-            part = np.empty((1, g, o1 - o0, cg), dtype=dtype) if out is None else out
+            b, j0, j1 = item                   # output channels [j0, j1), or input ones (columns)
+            o0, o1, c0, c1 = (0, og, j0, j1) if columns > 1 else (j0, j1, 0, cg)
+            part = np.empty((1, g, o1 - o0, c1 - c0), dtype=dtype) if out is None else out
             if halves:                                                     # b: (n, p0, p1) segments
                 pairs = ((dy_n[n, :, :, p0:p1], x_n[n, :, :, p0:p1]) for n, p0, p1 in b)
             else:
                 pairs = zip(_pointwise_mats(diff_dst, b, g), _pointwise_mats(src, b, g))
             for i, (dy, x) in enumerate(pairs):
                 for gi in range(g):
-                    matmul_into(dy[gi, o0:o1], x[gi].T, part[0, gi], i > 0)
+                    matmul_into(dy[gi, o0:o1], x[gi, c0:c1].T, part[0, gi], i > 0)
             return part
     else:
         layout, order = (t, g, og, cg), (1, 2, 3, 0)          # (T, G, Og, Cg) -> (G, Og, Cg, T)
@@ -1528,7 +1551,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
         at = ch                                                # the chunked axis of the layout
     else:
         product = NO_PRODUCT if og == cg == 1 else (m, cg, rows)
-        at = 2                                                 # (T or 1, G, Og, Cg): Og
+        at = 3 if columns > 1 else 2                           # (T or 1, G, Og, Cg): Cg or Og
     if not blocks:
         return np.zeros(spec.weights_shape, dtype=dtype)
     if len(blocks) == 1 or nchunks > 1:
