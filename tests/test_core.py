@@ -418,6 +418,8 @@ def test_numpy_path_without_cblas(monkeypatch):
 
 def test_estimate_cost_prefers_the_cheaper_lowering(without_blocked):
     """The cost model's ordering on shapes where one lowering clearly wins."""
+    from convgrad.kernels import gemm
+    gemm_chunks = lambda spec: gemm.weight_chunks(spec, "bwd_weights", "taps")
     small_image = _spec(32, 512, 512, 1, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
     first_layer = _spec(8, 3, 64, 1, (224, 224), (7, 7), (2, 2), (1, 1), (3, 3), (2, 2))
     depthwise = _spec(8, 144, 144, 144, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
@@ -439,6 +441,19 @@ def test_estimate_cost_prefers_the_cheaper_lowering(without_blocked):
         assert min(("taps", "im2col"), key=lambda a: dispatch.estimate_cost(spec, "bwd_weights", a)) == "im2col"
     pointwise = _spec(38, 64, 64, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
     assert min(("taps", "im2col"), key=lambda a: dispatch.estimate_cost(pointwise, "bwd_weights", a)) == "taps"
+    # 1x1 weight gradients in channel chunks with more outputs than inputs: taps (its chunks
+    # split the output channels) over the cost model's im2col
+    res5a_branch2c = _spec(9, 512, 2048, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    assert gemm_chunks(res5a_branch2c) == 2
+    assert min(("taps", "im2col"), key=lambda a: dispatch.estimate_cost(res5a_branch2c, "bwd_weights", a)) == "im2col"
+    assert cg.choose_algorithm(res5a_branch2c, "bwd_weights") == "taps"
+    for other in (_spec(32, 96, 576, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),      # no chunks
+                  _spec(9, 512, 2048, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 1), (0, 0)),       # padded
+                  _spec(9, 512, 2048, 1, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))):      # 3x3
+        assert cg.choose_algorithm(other, "bwd_weights") == min(
+            ("taps", "im2col"), key=lambda a: dispatch.estimate_cost(other, "bwd_weights", a)), str(other)
+    assert cg.choose_algorithm(_spec(32, 96, 576, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
+                               "bwd_weights") == "im2col"
 
 
 def test_pointwise_products_without_copies(monkeypatch):
