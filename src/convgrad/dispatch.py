@@ -39,6 +39,10 @@ to the reference kernel, which accumulates in int64), then a cost model,
   cost model where ``blocked_pays`` (multi-tap kernels with enough work per copied element;
   narrower rules on AVX2 hosts; measured numbers there).
 
+One rule comes before the model among the two GEMM lowerings: a 1x1, stride-1, unpadded
+weight gradient split into channel chunks with more output than input channels runs on
+``taps``, whose chunks split the output channels (``_output_chunks``, measured there).
+
 The model charges the GEMM flops at a rate that falls with the smallest GEMM dimension
 (``RATE_KNEE``: a 64-wide GEMM runs at ~0.8 of peak), plus the copies and adds around
 them at a fixed per-element price, plus a per-call price for every small NumPy/BLAS call.

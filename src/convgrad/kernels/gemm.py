@@ -38,6 +38,11 @@ written in place too. 1x1 kernels with stride 1 and no padding ("pointwise") nev
 ``Y_n = W @ X_n`` per image, or, for 1x1 images, one product with the batch as rows;
 except the data gradient of short images (7x7), which packs ``diff_dst`` once and splits
 the input channels instead (``packed_pointwise_chunks``): one product over every image.
+Their work is balanced over the problem, never the threads: images under 2048 positions
+run one per item, an odd batch's last image as two halves of its result channels
+(``pointwise_items``); an odd batch's weight gradient sums two halves of all positions,
+the middle image cut between them (``pointwise_weight_halves``), and one image's splits
+its input channels (``pointwise_weight_columns``).
 
 ``im2col``: the exact column matrix (no wide rows: best for small images, whose halo
 would waste flops, and for few channels, whose per-tap products are too thin). For output
