@@ -650,7 +650,6 @@ def check_direct(op: str, spec: ConvSpec, direction: str | None = None) -> None:
         raise ConvValueError(f"{op}: algorithm 'direct' expects numba (pip install convgrad[fast]), but {why}")
 
 
-@functools.lru_cache(maxsize=1024)
 # A 1x1, stride-1, unpadded weight gradient is the same product on either lowering; the
 # two differ in the channel chunks of ``weight_chunks``: ``taps`` splits the output
 # channels (each chunk copies its own rows of diff_dst and all of src), ``im2col`` the
@@ -667,6 +666,7 @@ def _output_chunks(spec: ConvSpec, direction: str) -> bool:
             and weight_chunks(spec, direction, "taps") > 1)
 
 
+@functools.lru_cache(maxsize=1024)
 def _cheapest(spec: ConvSpec, direction: str) -> str:
     if _output_chunks(spec, direction):
         return "taps"

@@ -866,8 +866,8 @@ def _pointwise_mats(a: np.ndarray, b: Block, groups: int) -> list[np.ndarray]:
 
 
 # The in-place pointwise products of a forward (Y_n = W @ X_n) or data gradient
-# (dX_n = W^T @ dY_n) on images of fewer than POINTWISE_ITEM_MAX_POSITIONS positions (or
-# a single image) run one image per item, and an odd batch's last image as two items, each
+# (dX_n = W^T @ dY_n) on images of fewer than POINTWISE_ITEM_MAX_POSITIONS positions run
+# one image per item, and an odd batch's last image (one image too) as two items, each
 # half of its result channels (rows of W or W^T, the same K reduction): blocks of several
 # images had left one thread 11 images of 19 (blocks of 4, 4, 4, 4, 3) or 5 of 9, and one
 # image's two row slabs made narrow products. Every item computes whole dot products over
@@ -875,10 +875,12 @@ def _pointwise_mats(a: np.ndarray, b: Block, groups: int) -> list[np.ndarray]:
 # float32, 8 rounds of 5 calls, 64 MB of other traffic between rounds), items / blocks,
 # data gradients: mobilenet conv8 (512 <- 512, 14^2, mb9) 0.88, conv7 (mb19) 0.83, conv6
 # (256, 28^2, mb9) 0.88, conv5 (128 <- 256, mb19) 0.85, resnet_50 res4b_branch2a (mb9)
-# 0.87, res3b_branch2a 0.87, res3a_branch2c 0.88; one image of 512 channels at 28^2 0.89,
-# at 56^2 0.91. Both halves of every image instead (two fixed channel chunks) lost on even
-# batches (256 channels 28^2 mb32 1.11, mb12 1.08) and wherever a half held few channels
-# (64 <- 256 at 28^2 1.25), as did the split at 56^2 (mb9, 128 channels: 1.03).
+# 0.87, res3b_branch2a 0.87, res3a_branch2c 0.88; one image of 512 channels at 28^2 0.89.
+# Five alternating pairs of harness runs: 0.82-0.96 on the ten 14^2-28^2 and 812-position
+# layers of resnet_50, mobilenet and wavenet, both directions. Both halves of every image
+# instead (two fixed channel chunks) lost on even batches (256 channels 28^2 mb32 1.11,
+# mb12 1.08) and wherever a half held few channels (64 <- 256 at 28^2 1.25); at 56^2 the
+# items lost (mb9, 128 channels: 1.03; one image of 256 channels 1.00-1.01).
 POINTWISE_ITEM_MAX_POSITIONS = 2048
 POINTWISE_HALF_MIN_CHANNELS = 64
 
