@@ -723,6 +723,63 @@ def test_pointwise_weight_gradient_of_an_odd_batch_in_two_halves(monkeypatch):
             cg.set_num_threads(None)
 
 
+def test_packed_weight_halves_of_strided_and_short_1x1_layers(monkeypatch):
+    """1x1 unpadded weight gradients of an odd batch that are not in-place products
+    (strided, or images of fewer than POINTWISE_MIN_ROWS positions) and have no channel
+    chunks sum two packed halves of the output positions (a pure rule): strides, groups,
+    1-D to 3-D, float64, half and non-contiguous inputs match the reference on both GEMM
+    lowerings; the same bits on 1 and 2 threads; a cap too small falls back."""
+    from convgrad.kernels import gemm
+    conv9 = _spec(19, 512, 1024, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))      # mobilenet conv9
+    res5a_branch2a = _spec(19, 1024, 512, 1, (14, 14), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))
+    assert gemm.packed_weight_halves(conv9, "im2col") == gemm.position_halves(19, 49)
+    assert gemm.packed_weight_halves(res5a_branch2a, "taps") == gemm.position_halves(19, 49)
+    assert gemm.position_halves(3, 5) == [[(0, 0, 5), (1, 0, 2)], [(1, 2, 5), (2, 0, 5)]]
+    assert gemm.position_halves(1, 7) == [[(0, 0, 3)], [(0, 3, 7)]]
+    for other, alg in ((_spec(18, 512, 1024, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), "im2col"),  # even
+                       (_spec(9, 512, 2048, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), "taps"),     # chunks
+                       (_spec(9, 512, 512, 1, (14, 14), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), "taps"),    # in place
+                       (_spec(19, 512, 1024, 1, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), "im2col"),  # 3x3
+                       (_spec(19, 512, 1024, 1, (7, 7), (1, 1), (1, 1), (1, 1), (1, 0), (0, 0)), "im2col"),  # padded
+                       (conv9, "blocked"), (_spec(3, 8, 8, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), "taps")):
+        assert gemm.packed_weight_halves(other, alg) == [], str(other)
+    monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
+    taken = []
+    real = gemm.packed_weight_halves
+    monkeypatch.setattr(gemm, "packed_weight_halves", lambda spec, alg: taken.append(real(spec, alg)) or taken[-1])
+    rng = np.random.default_rng(61)
+    for spec in (_spec(3, 5, 4, 1, (3, 5), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),            # 15 positions
+                 _spec(5, 6, 4, 2, (9, 8), (1, 1), (2, 3), (1, 1), (0, 0), (0, 0)),            # strided, groups
+                 _spec(7, 3, 5, 1, (11,), (1,), (3,), (2,), (0,), (0,)),
+                 _spec(3, 4, 6, 1, (3, 6, 5), (1, 1, 1), (1, 2, 2), (1, 1, 1), (0, 0, 0), (0, 0, 0))):
+        taken.clear()
+        _check_all(spec, rng, algorithms=("taps", "im2col"))
+        assert taken and all(taken), str(spec)
+        x = rng.standard_normal(spec.src_shape)[..., ::-1]                      # not contiguous
+        dy = rng.standard_normal(spec.dst_shape)[..., ::-1]
+        for alg in ("taps", "im2col"):
+            half = cg.conv_backward_weights(x.astype(np.float16), dy.astype(np.float16), spec.kernel,
+                                            algorithm=alg, **_kw(spec))
+            want = ref.conv_backward_weights(spec, x.astype(np.float16).astype(np.float64),
+                                             dy.astype(np.float16).astype(np.float64))
+            assert half.dtype == np.float16 and rel_err(half, want) <= 1e-2, str(spec)
+            x32, dy32 = x.astype(np.float32), dy.astype(np.float32)
+            two = cg.conv_backward_weights(x32, dy32, spec.kernel, algorithm=alg, **_kw(spec))
+            cg.set_num_threads(1)
+            try:
+                one = cg.conv_backward_weights(x32, dy32, spec.kernel, algorithm=alg, **_kw(spec))
+            finally:
+                cg.set_num_threads(None)
+            assert np.array_equal(one, two), str(spec)
+    spec = _spec(3, 4, 6, 1, (4, 6), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))             # 6 output positions
+    x = rng.standard_normal(spec.src_shape).astype(np.float32)
+    dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
+    want = ref.conv_backward_weights(spec, x.astype(np.float64), dy.astype(np.float64))
+    halves = gemm.position_halves(3, 6)
+    assert gemm._packed_weight_halves(spec, x, dy, np.float32, halves, (10 * 9 + 24) * 4 - 1) is None
+    assert rel_err(gemm._packed_weight_halves(spec, x, dy, np.float32, halves, (10 * 9 + 24) * 4), want) <= 1e-5
+
+
 def test_col2im_data_gradient_of_one_image_in_column_chunks(monkeypatch):
     """A col2im data gradient of one image cut into row slabs, with huge kernels (the
     ``rows`` and ``classes`` scatters), splits Z's columns instead: halves of the input

@@ -42,7 +42,9 @@ Their work is balanced over the problem, never the threads: images under 2048 po
 run one per item, an odd batch's last image as two halves of its result channels
 (``pointwise_items``); an odd batch's weight gradient sums two halves of all positions,
 the middle image cut between them (``pointwise_weight_halves``), and one image's splits
-its input channels (``pointwise_weight_columns``).
+its input channels (``pointwise_weight_columns``). The other 1x1 unpadded weight
+gradients of an odd batch (strided, or 7x7 images) pack the same two halves
+(``packed_weight_halves``).
 
 ``im2col``: the exact column matrix (no wide rows: best for small images, whose halo
 would waste flops, and for few channels, whose per-tap products are too thin). For output
@@ -940,9 +942,100 @@ def pointwise_weight_halves(spec: ConvSpec) -> list[list[tuple[int, int, int]]]:
         return []
     if spec.mb < 3 or spec.mb % 2 == 0:
         return []
-    m, cut = spec.mb // 2, positions // 2
-    return [[(n, 0, positions) for n in range(m)] + [(m, 0, cut)],
-            [(m, cut, positions)] + [(n, 0, positions) for n in range(m + 1, spec.mb)]]
+    return position_halves(spec.mb, positions)
+
+
+def position_halves(images: int, positions: int) -> list[list[tuple[int, int, int]]]:
+    """The flat (image, position) range in two halves (the first ``floor`` of half), as
+    (image, first, end position) segments in order (pure)."""
+    total = images * positions
+    halves = []
+    for lo, hi in ((0, total // 2), (total // 2, total)):
+        segments, at = [], lo
+        while at < hi:
+            n, p0 = divmod(at, positions)
+            p1 = min(positions, p0 + hi - at)
+            segments.append((n, p0, p1))
+            at += p1 - p0
+        halves.append(segments)
+    return halves
+
+
+# The other 1x1 unpadded weight gradients of an odd batch (strided, or images of fewer
+# than POINTWISE_MIN_ROWS positions), where no channel chunks apply, run as the same two
+# position halves, each packing its output positions' rows side by side, the input
+# subsampled by the stride: dW_g = sum over (n, p) of dY[n, g, :, p] X[n, g, :, s*p]^T,
+# so each half is one product dY_h @ X_h^T over its packed columns, and the two partials
+# add in order. The whole-image blocks had left one thread 10 images of 19. In-process
+# medians (2 threads, float32, 8 rounds of 5 calls), halves / blocks: resnet_50
+# res5a_branch2a (1024 -> 512, stride 2, mb19) 0.90-0.91, mobilenet conv9 (512 -> 1024,
+# 7^2, mb19) 0.95-0.96, 256 -> 1024 7^2 mb19 0.95-0.98, 96 -> 576 7^2 mb19 0.96 (1.08
+# before whole images were copied in one call), 64 -> 256 9^2 mb19 1.01; eight alternating
+# harness pairs: res5a_branch2a 0.95, conv9 0.97, 256 -> 1024 1.00, unchanged controls
+# (res5a_branch1 mb4, conv10 mb9) 1.02-1.03.
+def packed_weight_halves(spec: ConvSpec, algorithm: str) -> list[list[tuple[int, int, int]]]:
+    """``position_halves`` of the output positions for ``_packed_weight_halves`` (pure), or []."""
+    if not (all(k == 1 for k in spec.kernel) and not any(spec.pads_begin) and not any(spec.pads_end)):
+        return []
+    positions = math.prod(spec.dst)
+    if pointwise_spec(spec) or spec.mb < 3 or spec.mb % 2 == 0 or spec.flops < PARALLEL_FLOPS:
+        return []
+    if algorithm not in ("taps", "im2col") or weight_chunks(spec, "bwd_weights", algorithm) > 1:
+        return []
+    return position_halves(spec.mb, positions)
+
+
+def _runs(half: list[tuple[int, int, int]], positions: int) -> list[tuple[int, int, int, int]]:
+    """(first image, end image, first, end position) runs of a half's segments: consecutive
+    whole images merged (pure)."""
+    runs: list[list[int]] = []
+    for n, p0, p1 in half:
+        if runs and p0 == 0 and p1 == positions and runs[-1][2:] == [0, positions] and runs[-1][1] == n:
+            runs[-1][1] = n + 1
+        else:
+            runs.append([n, n + 1, p0, p1])
+    return [tuple(r) for r in runs]
+
+
+def _packed_weight_halves(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, dtype, halves: list,
+                          workspace_limit: int) -> np.ndarray | None:
+    """``packed_weight_halves``' weight gradient (derived there), or None when a half's
+    packed rows and partial do not fit the cap."""
+    g, cg, og = spec.groups, spec.icg, spec.ocg
+    positions = math.prod(spec.dst)
+    cols = max(sum(p1 - p0 for _, p0, p1 in h) for h in halves)
+    worst = (g * (cg + og) * cols + g * og * cg) * np.dtype(dtype).itemsize
+    if worst > workspace_limit:
+        return None
+    sampled = src[(slice(None), slice(None)) + tuple(slice(0, o * st, st) for o, st in zip(spec.dst, spec.strides))]
+    dy = diff_dst.reshape(spec.mb, g, og, positions)
+
+    def work(half) -> np.ndarray:
+        width = sum(p1 - p0 for _, p0, p1 in half)
+        xs = _scratch("a", (g, cg, width), dtype)
+        ds = _scratch("b", (g, og, width), dtype)
+        at = 0
+        for n0, n1, p0, p1 in _runs(half, positions):     # whole images in one copy each
+            k = (n1 - n0) * (p1 - p0)
+            xs[:, :, at:at + k].reshape(g, cg, n1 - n0, p1 - p0)[...] = (
+                sampled[n0:n1].reshape((n1 - n0, g, cg) + spec.dst).reshape(n1 - n0, g, cg, positions)
+                [..., p0:p1].transpose(1, 2, 0, 3))
+            ds[:, :, at:at + k].reshape(g, og, n1 - n0, p1 - p0)[...] = dy[n0:n1, :, :, p0:p1].transpose(1, 2, 0, 3)
+            at += k
+        part = np.empty((g, og, cg), dtype=dtype)
+        matmul_into(ds, xs.swapaxes(1, 2), part, False)
+        return part
+
+    acc: list[np.ndarray] = []
+
+    def consume(part: np.ndarray) -> None:
+        if acc:
+            acc[0] += part
+        else:
+            acc.append(part)
+
+    _run_blocks(work, halves, worst, workspace_limit, (og, cg, cols), consume)
+    return acc[0].reshape(spec.weights_shape)
 
 
 # ... and one image's runs as two chunks of the input channels (columns of dW), each
@@ -1478,6 +1571,11 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
                           workspace_limit: int, rows_target: int) -> np.ndarray:
     if whole_window_spec(spec):
         done = _whole_window(spec, "bwd_weights", src, diff_dst, dtype, workspace_limit)
+        if done is not None:
+            return done
+    halves = packed_weight_halves(spec, algorithm)
+    if halves:
+        done = _packed_weight_halves(spec, src, diff_dst, dtype, halves, workspace_limit)
         if done is not None:
             return done
     geom = geometry(spec)
