@@ -63,7 +63,7 @@ import numpy as np
 from . import threads
 from .errors import ConvTypeError, ConvValueError
 from .kernels import blocked, depthwise, thin
-from .kernels.gemm import flipped_data_gradient, pointwise_spec, weight_chunks
+from .kernels.gemm import flipped_data_gradient, pointwise_spec, unit_1x1, weight_chunks
 from .spec import ConvSpec
 
 ALGORITHMS = ("reference", "im2col", "taps", "direct", "blocked")
@@ -661,8 +661,7 @@ def check_direct(op: str, spec: ConvSpec, direction: str | None = None) -> None:
 # mb32 3.27 / 3.33, mobilenet conv9 (512 -> 1024, mb19) 3.38-4.16 / 3.35-4.28. Without
 # chunks im2col stays (64 -> 256 9^2 mb16 0.59 / 0.58, 96 -> 576 7^2 mb32 1.22 / 1.12).
 def _output_chunks(spec: ConvSpec, direction: str) -> bool:
-    return (direction == "bwd_weights" and spec.oc > spec.ic and _prod(spec.kernel) == 1
-            and all(s == 1 for s in spec.strides) and not any(spec.pads_begin) and not any(spec.pads_end)
+    return (direction == "bwd_weights" and spec.oc > spec.ic and unit_1x1(spec)
             and weight_chunks(spec, direction, "taps") > 1)
 
 

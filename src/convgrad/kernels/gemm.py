@@ -842,13 +842,23 @@ def pointwise_spec(spec: ConvSpec) -> bool:
     """1x1 kernel, stride 1, no padding, and one position or large images (pure): the
     problem ``taps`` runs as plain products of the canonical arrays, with no copies."""
     rows = math.prod(spec.src)
-    return _unit_1x1(spec) and (rows >= POINTWISE_MIN_ROWS or rows == 1)
+    return unit_1x1(spec) and (rows >= POINTWISE_MIN_ROWS or rows == 1)
 
 
-def _unit_1x1(spec: ConvSpec) -> bool:
+def unpadded_1x1(spec: ConvSpec) -> bool:
+    """1x1 kernel, no padding, any stride (pure)."""
+    return all(k == 1 for k in spec.kernel) and not any(spec.pads_begin) and not any(spec.pads_end)
+
+
+def unit_1x1(spec: ConvSpec) -> bool:
     """1x1 kernel, stride 1, no padding (pure)."""
-    return (all(k == 1 for k in spec.kernel) and all(s == 1 for s in spec.strides)
-            and not any(spec.pads_begin) and not any(spec.pads_end))
+    return unpadded_1x1(spec) and all(s == 1 for s in spec.strides)
+
+
+def _in_place_on_pool(spec: ConvSpec) -> bool:
+    """Pointwise products read in place (images of at least POINTWISE_MIN_ROWS positions)
+    in a problem large enough for the thread pool (pure)."""
+    return pointwise_spec(spec) and math.prod(spec.src) >= POINTWISE_MIN_ROWS and spec.flops >= PARALLEL_FLOPS
 
 
 def _pointwise(spec: ConvSpec, *arrays: np.ndarray, dtype) -> bool:
@@ -892,10 +902,7 @@ def pointwise_items(spec: ConvSpec, direction: str) -> list[tuple[int, int, int]
     data gradient (pure; derived above); [] where the planned blocks run it: too small a
     problem for the thread pool, images of POINTWISE_ITEM_MAX_POSITIONS positions or more,
     or one image whose halves would be short."""
-    positions = math.prod(spec.src)
-    if not (pointwise_spec(spec) and positions >= POINTWISE_MIN_ROWS and spec.flops >= PARALLEL_FLOPS):
-        return []
-    if positions >= POINTWISE_ITEM_MAX_POSITIONS:
+    if not _in_place_on_pool(spec) or math.prod(spec.src) >= POINTWISE_ITEM_MAX_POSITIONS:
         return []
     rows = spec.icg if direction == "bwd_data" else spec.ocg
     items = [(n, 0, rows) for n in range(spec.mb)]
@@ -937,12 +944,9 @@ def _pointwise_items_run(spec: ConvSpec, w: np.ndarray, a: np.ndarray, out: np.n
 def pointwise_weight_halves(spec: ConvSpec) -> list[list[tuple[int, int, int]]]:
     """The (image, first, end position) segments of the two halves of a pointwise weight
     gradient of an odd batch (pure; derived above), or [] where the planned blocks run it."""
-    positions = math.prod(spec.src)
-    if not (pointwise_spec(spec) and positions >= POINTWISE_MIN_ROWS and spec.flops >= PARALLEL_FLOPS):
+    if not _in_place_on_pool(spec) or spec.mb < 3 or spec.mb % 2 == 0:
         return []
-    if spec.mb < 3 or spec.mb % 2 == 0:
-        return []
-    return position_halves(spec.mb, positions)
+    return position_halves(spec.mb, math.prod(spec.src))
 
 
 def position_halves(images: int, positions: int) -> list[list[tuple[int, int, int]]]:
@@ -975,14 +979,13 @@ def position_halves(images: int, positions: int) -> list[list[tuple[int, int, in
 # (res5a_branch1 mb4, conv10 mb9) 1.02-1.03.
 def packed_weight_halves(spec: ConvSpec, algorithm: str) -> list[list[tuple[int, int, int]]]:
     """``position_halves`` of the output positions for ``_packed_weight_halves`` (pure), or []."""
-    if not (all(k == 1 for k in spec.kernel) and not any(spec.pads_begin) and not any(spec.pads_end)):
+    if not unpadded_1x1(spec) or pointwise_spec(spec) or spec.mb < 3 or spec.mb % 2 == 0:
         return []
-    positions = math.prod(spec.dst)
-    if pointwise_spec(spec) or spec.mb < 3 or spec.mb % 2 == 0 or spec.flops < PARALLEL_FLOPS:
+    if spec.flops < PARALLEL_FLOPS or algorithm not in ("taps", "im2col"):
         return []
-    if algorithm not in ("taps", "im2col") or weight_chunks(spec, "bwd_weights", algorithm) > 1:
+    if weight_chunks(spec, "bwd_weights", algorithm) > 1:
         return []
-    return position_halves(spec.mb, positions)
+    return position_halves(spec.mb, math.prod(spec.dst))
 
 
 def _runs(half: list[tuple[int, int, int]], positions: int) -> list[tuple[int, int, int, int]]:
@@ -1026,16 +1029,7 @@ def _packed_weight_halves(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
         matmul_into(ds, xs.swapaxes(1, 2), part, False)
         return part
 
-    acc: list[np.ndarray] = []
-
-    def consume(part: np.ndarray) -> None:
-        if acc:
-            acc[0] += part
-        else:
-            acc.append(part)
-
-    _run_blocks(work, halves, worst, workspace_limit, (og, cg, cols), consume)
-    return acc[0].reshape(spec.weights_shape)
+    return _sum_in_order(work, halves, worst, workspace_limit, (og, cg, cols)).reshape(spec.weights_shape)
 
 
 # ... and one image's runs as two chunks of the input channels (columns of dW), each
@@ -1049,9 +1043,7 @@ def pointwise_weight_columns(spec: ConvSpec) -> int:
     """Input-channel chunks of a pointwise weight gradient of one image (pure): 2 where the
     problem is one for the thread pool with at least CHUNK_MIN_CHANNELS input channels per
     group in each chunk; else 1."""
-    if not (spec.mb == 1 and pointwise_spec(spec) and math.prod(spec.src) >= POINTWISE_MIN_ROWS):
-        return 1
-    return 2 if spec.flops >= PARALLEL_FLOPS and spec.icg >= 2 * CHUNK_MIN_CHANNELS else 1
+    return 2 if spec.mb == 1 and _in_place_on_pool(spec) and spec.icg >= 2 * CHUNK_MIN_CHANNELS else 1
 
 
 # Pointwise data gradients of images too small for in-place products (more than one and
@@ -1078,7 +1070,7 @@ def packed_pointwise_chunks(spec: ConvSpec) -> int:
     1, no padding, 2 to POINTWISE_MIN_ROWS - 1 positions per image, chunks of at least
     PACKED_POINTWISE_MIN_CHANNELS channels, a problem large enough for the thread pool; 0
     where the other lowerings run it."""
-    if not (_unit_1x1(spec) and 1 < math.prod(spec.src) < POINTWISE_MIN_ROWS):
+    if not (unit_1x1(spec) and 1 < math.prod(spec.src) < POINTWISE_MIN_ROWS):
         return 0
     if spec.flops < PARALLEL_FLOPS or spec.icg < PACKED_POINTWISE_CHUNKS * PACKED_POINTWISE_MIN_CHANNELS:
         return 0
@@ -1424,6 +1416,21 @@ def _run_blocks(work, blocks: list, worst: int, workspace_limit: int, product: t
         _in_order(work, blocks, min(n, fit), consume, min(n + 1, fit))
 
 
+def _sum_in_order(work, items: list, worst: int, workspace_limit: int, product: tuple[int, int, int]) -> np.ndarray:
+    """The sum of ``work(item)``'s partial results, added in item order (``_run_blocks``):
+    the first partial becomes the running total."""
+    acc: list[np.ndarray] = []
+
+    def consume(part: np.ndarray) -> None:
+        if acc:
+            acc[0] += part
+        else:
+            acc.append(part)
+
+    _run_blocks(work, items, worst, workspace_limit, product, consume)
+    return acc[0]
+
+
 # Allocations of at least this many bytes get fresh pages from the system (glibc's largest
 # dynamic mmap threshold on 64-bit hosts), zeroed by it when first touched: np.zeros costs
 # no pass over them, so a data gradient this large asks ``results.take`` for zeros (fresh
@@ -1681,15 +1688,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
                     seen.add(item[1])
             _run_blocks(lambda item: (item, work(item)), items, worst, workspace_limit, product, consume)
     else:
-        acc: list[np.ndarray] = []             # the running total, partials added in block order
-
-        def consume(part: np.ndarray) -> None:
-            if acc:
-                acc[0] += part
-            else:
-                acc.append(part)
-        _run_blocks(work, items, worst, workspace_limit, product, consume)
-        total = acc[0]
+        total = _sum_in_order(work, items, worst, workspace_limit, product)
     return np.ascontiguousarray(total.transpose(order)).reshape(spec.weights_shape)
 
 
