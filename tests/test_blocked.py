@@ -336,7 +336,8 @@ def test_blocked_pointwise_on_the_ncx_arrays(order, monkeypatch):
 @needs_blocked
 def test_blocked_lines(monkeypatch, rules_of_a_512_bit_host):
     """1-D stride-1 forwards and data gradients on the NCX rows: blocks inside the row and
-    at both ends (zero-padded windows), dilations and pads wider than a block, groups,
+    at both ends (the outputs whose taps reach the padding from zero-padded windows, the
+    others in place, also in rows shorter than a block), dilations and pads wider than a block, groups,
     flipped weights; the weight gradients as lane sums on the rows (``line_weights``: each
     tap over the outputs whose cell is in the row), in parts; bitwise across threads; too
     many weights take the channels-last path."""
@@ -346,7 +347,9 @@ def test_blocked_lines(monkeypatch, rules_of_a_512_bit_host):
     cases = (_spec(2, 6, 20, 1, (300,), (3,), (1,), (2,), (1,), (3,)),
              _spec(3, 12, 18, 3, (200,), (2,), (1,), (70,), (70,), (60,)),      # halo longer than a block
              _spec(1, 5, 34, 1, (129,), (4,), (1,), (1,), (0,), (0,)),
-             _spec(2, 7, 9, 1, (10,), (5,), (1,), (1,), (4,), (4,)))
+             _spec(2, 7, 9, 1, (10,), (5,), (1,), (1,), (4,), (4,)),
+             _spec(5, 8, 16, 1, (45,), (3,), (1,), (2,), (3,), (2,)),       # rows shorter than a block
+             _spec(4, 32, 24, 1, (37,), (2,), (1,), (1,), (0,), (0,)))      # the wavenet data gradient's pads
     for spec in cases:
         assert blocked.line_spec(spec) and blocked.line_weights(spec)
         _check(spec, rng, tag="lines")
