@@ -451,12 +451,11 @@ def test_micro_kernel_ir_is_pure_and_complete():
         assert text == _ukernel.module_ir(lanes)
         limits = _ukernel.r_limits(lanes)
         assert len(limits) == ob_max and min(limits) >= r_max and limits[0] == _ukernel.R_TALL
-        copies = 1 if lanes in _ukernel.MASK_REGISTERS else 3      # AVX2: a dispatcher, masked, unmasked
-        assert text.count("define internal void @uk_") == copies * sum(limits)
-        if copies == 3:
-            unmasked = _ukernel._variant_ir("v", 4, 3, lanes, masked=False)
-            assert "masked" not in unmasked and "%tail" not in unmasked.split("entry:")[1]
-            assert "masked.load" in _ukernel._variant_ir("v", 4, 3, lanes) and f"icmp eq i64 %x12, {lanes}" in text
+        # a dispatcher, a masked and an unmasked copy of each variant (both widths)
+        assert text.count("define internal void @uk_") == 3 * sum(limits)
+        unmasked = _ukernel._variant_ir("v", 4, 3, lanes, masked=False)
+        assert "masked" not in unmasked and "%tail" not in unmasked.split("entry:")[1]
+        assert "masked.load" in _ukernel._variant_ir("v", 4, 3, lanes) and f"icmp eq i64 %x12, {lanes}" in text
         regs = _ukernel.REGISTERS[lanes]
         assert all(r * ob + ob + 1 <= regs for ob, r in enumerate(limits, 1))
         assert f"<{lanes} x float>" in text and "define void @ukernel(" in text

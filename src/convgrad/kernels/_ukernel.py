@@ -43,8 +43,9 @@ the up to KH output rows that read it.
 Variants for every ``1 <= OB <= OB_MAX`` and ``1 <= R <= r_limits(V)[OB - 1]`` are reached through one
 entry point, ``ukernel(R, OB, ...)``, whose address the numba drivers call
 (``_blocked_jit.py``). Arguments are 64-bit integers, addresses included. Compiling all
-variants (and the transpose) takes 1-2 s, once per process, on first use (measured: 1.0 s
-for AVX-512 on the Intel Xeon, 1.9 s for AVX2 on the AMD EPYC, whose variants come twice).
+variants (and the transpose) takes 1-4 s, once per process, on first use (measured: 1.0 s
+for AVX-512 on the Intel Xeon, 1.9 s for AVX2 on the AMD EPYC, whose variants come twice;
+3.9 s on the AVX-512 Zen 5 since its variants come twice too, ``UNMASKED_COPIES``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,14 @@ REGISTERS = {LANES_AVX512: 32, LANES_AVX2: 16}
 # broadcast fill: LLVM then spilled two accumulators and rebuilt the mask on every step of
 # the loop, so each AVX2 variant also has an unmasked copy for ``tail == V``.
 MASK_REGISTERS = (LANES_AVX512,)
+# UNMASKED_COPIES: so does each AVX-512 variant, though its mask lives in a mask register:
+# the masked last vector of every tile (the micro-kernel's only masked accesses) read and
+# wrote whole NCX rows at about half the rate of plain accesses where they missed the cache
+# (see PREFETCH_ROWS below). In-process, the two entry points' calls interleaved in one
+# process, 2 threads, unmasked copies / masked only: 1x1 data gradients resnet_50
+# res2b_branch2a 0.84, mobilenet conv2 0.92, conv3 0.95, conv4 0.93; 1x1 forwards 0.83,
+# 0.97, 0.95; wavenet conv1d_10 data gradient and forward 0.96 and 0.95; channels-last
+# tiles (3x3, 3x3x3) and the weight gradients 0.99-1.02.
 R_TALL = 12
 # (R_MAX, J_MAX) of the lane-sum family: R*J accumulators + R loaded vectors + 1.
 DOT_TILES = {LANES_AVX512: (4, 6), LANES_AVX2: (3, 3)}
@@ -894,12 +903,9 @@ def module_ir(V: int) -> str:
              f"declare void @llvm.masked.store.v{V}f32.p0({vt}, ptr, i32, <{V} x i1>)\n"
              "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"]
     shapes = [(R, OB) for OB, top in enumerate(r_limits(V), 1) for R in range(1, top + 1)]
-    if V in MASK_REGISTERS:
-        parts += [_variant_ir(f"uk_{R}_{OB}", R, OB, V) for R, OB in shapes]
-    else:
-        for R, OB in shapes:
-            parts += [_variant_ir(f"uk_{R}_{OB}_m", R, OB, V), _variant_ir(f"uk_{R}_{OB}_f", R, OB, V, masked=False),
-                      _tail_split_ir(f"uk_{R}_{OB}", V)]
+    for R, OB in shapes:         # (both widths: UNMASKED_COPIES)
+        parts += [_variant_ir(f"uk_{R}_{OB}_m", R, OB, V), _variant_ir(f"uk_{R}_{OB}_f", R, OB, V, masked=False),
+                  _tail_split_ir(f"uk_{R}_{OB}", V)]
     parts.append(_entry_ir("ukernel", "uk", shapes, NARGS))
     dr, dj = DOT_TILES[V]
     dots = [(R, J) for R in range(1, dr + 1) for J in range(1, dj + 1)]
