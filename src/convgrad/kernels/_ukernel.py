@@ -45,7 +45,8 @@ entry point, ``ukernel(R, OB, ...)``, whose address the numba drivers call
 (``_blocked_jit.py``). Arguments are 64-bit integers, addresses included. Compiling all
 variants (and the transpose) takes 1-4 s, once per process, on first use (measured: 1.0 s
 for AVX-512 on the Intel Xeon, 1.9 s for AVX2 on the AMD EPYC, whose variants come twice;
-3.9 s on the AVX-512 Zen 5 since its variants come twice too, ``UNMASKED_COPIES``).
+3.9 s on the AVX-512 Zen 5, whose variants come twice too: see the unmasked copies at
+``REGISTERS``).
 """
 
 from __future__ import annotations
@@ -63,12 +64,10 @@ TILES = {LANES_AVX512: (6, 4), LANES_AVX2: (4, 3)}
 # row a tile can have more rows (``r_limits``: 12 x 2 of 16 lanes, 24 accumulators), for
 # the weight gradient's tiles whose rows run over (tap, channel) pairs.
 REGISTERS = {LANES_AVX512: 32, LANES_AVX2: 16}
-# Widths whose masks live in mask registers (AVX-512's k0-k7). On AVX2 a mask takes one of
-# the 16 vector registers, which the 4 x 3 tile's 12 accumulators + 3 loaded vectors + 1
-# broadcast fill: LLVM then spilled two accumulators and rebuilt the mask on every step of
-# the loop, so each AVX2 variant also has an unmasked copy for ``tail == V``.
-MASK_REGISTERS = (LANES_AVX512,)
-# UNMASKED_COPIES: so does each AVX-512 variant, though its mask lives in a mask register:
+# Unmasked copies: each variant has an unmasked copy for ``tail == V``. On AVX2 a mask takes
+# one of the 16 vector registers, which the 4 x 3 tile's 12 accumulators + 3 loaded vectors
+# + 1 broadcast fill: LLVM then spilled two accumulators and rebuilt the mask on every step
+# of the loop. On AVX-512 the mask lives in a mask register (k0-k7), but
 # the masked last vector of every tile (the micro-kernel's only masked accesses) read and
 # wrote whole NCX rows at about half the rate of plain accesses where they missed the cache
 # (see PREFETCH_ROWS below). In-process, the two entry points' calls interleaved in one
@@ -756,12 +755,14 @@ def transpose_ir(name: str, V: int) -> str:
     index with the same bit of the column index (two two-source shuffles per pair of rows:
     one instruction each on AVX-512 and AVX2), then ``V`` rows are stored (masked).
 
-    Where masks take vector registers (AVX2), masked stores are slow too (on AMD Zen 3
-    a masked 256-bit store is microcoded): the entry point takes a copy without masks
-    for whole blocks (``nr == nc == sl == V``) and one with whole-row stores, each
-    behind a branch on ``j < nc``, where ``sl == V``."""
-    if V in MASK_REGISTERS:
-        return _transpose_variant_ir(name, V, "masked", "")
+    Masked accesses are slow: a masked 256-bit store is microcoded on AMD Zen 3, and on
+    Zen 5 masked accesses that miss the cache run at about half the plain rate (see the
+    unmasked copies at ``REGISTERS``). So the entry point takes a copy without masks for
+    whole blocks (``nr == nc == sl == V``) and one with whole-row stores, each behind a
+    branch on ``j < nc``, where ``sl == V``; the masked copy only for the others. Measured on Zen 5
+    (in-process, calls of both entry points interleaved, new / masked only): resnet_50
+    conv1 forward 0.89-0.92, res2a_branch2b forward 0.96, other 3x3 and 3x3x3 layers
+    0.98-1.01."""
     args = "i64 %srca, i64 %src_rs, i64 %dsta, i64 %dst_rs, i64 %nr, i64 %nc, i64 %sl"
     entry = [f"define void @{name}({args}) #0 {{", "entry:",
              f"  %wide = icmp eq i64 %sl, {V}", f"  %fr = icmp eq i64 %nr, {V}", f"  %fc = icmp eq i64 %nc, {V}",
@@ -903,7 +904,7 @@ def module_ir(V: int) -> str:
              f"declare void @llvm.masked.store.v{V}f32.p0({vt}, ptr, i32, <{V} x i1>)\n"
              "declare void @llvm.prefetch.p0(ptr, i32, i32, i32)"]
     shapes = [(R, OB) for OB, top in enumerate(r_limits(V), 1) for R in range(1, top + 1)]
-    for R, OB in shapes:         # (both widths: UNMASKED_COPIES)
+    for R, OB in shapes:         # (both widths: the unmasked copies at REGISTERS)
         parts += [_variant_ir(f"uk_{R}_{OB}_m", R, OB, V), _variant_ir(f"uk_{R}_{OB}_f", R, OB, V, masked=False),
                   _tail_split_ir(f"uk_{R}_{OB}", V)]
     parts.append(_entry_ir("ukernel", "uk", shapes, NARGS))
