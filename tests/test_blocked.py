@@ -725,3 +725,52 @@ def test_blocked_errors(monkeypatch):
     with pytest.raises(cg.ConvValueError, match=r"conv_backward_weights: algorithm 'blocked' expects numba"):
         cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="blocked")
     assert "blocked" in cg.ALGORITHMS
+
+
+_CACHED_RUN = """
+import hashlib, sys
+import numpy as np
+import convgrad as cg
+from convgrad.kernels import _ukernel
+c = _ukernel.compiled()
+x = np.random.default_rng(0).standard_normal((2, 24, 13, 11), np.float32)
+w = np.random.default_rng(1).standard_normal((40, 24, 3, 2), np.float32)
+y = cg.conv_forward(x, w, algorithm="blocked", pads_begin=(1, 0), pads_end=(1, 1))
+dx = cg.conv_backward_data(np.ones_like(y), w, x.shape[2:], algorithm="blocked", pads_begin=(1, 0), pads_end=(1, 1))
+print(c.from_cache, hashlib.sha256(y.tobytes() + dx.tobytes()).hexdigest())
+"""
+
+
+@needs_blocked
+def test_compiled_kernels_are_kept_on_disk(tmp_path, monkeypatch):
+    """The compiled micro-kernels are written to the cache directory by the first process
+    and loaded by the next (same results, bit for bit); a damaged file is ignored and
+    written anew; ``CONVGRAD_KERNEL_CACHE=0`` keeps nothing."""
+    import os
+    import subprocess
+    import sys
+
+    def run(**env):
+        out = subprocess.run([sys.executable, "-c", _CACHED_RUN], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "CONVGRAD_CACHE_DIR": str(tmp_path), **env})
+        assert out.returncode == 0, out.stderr
+        cached, digest = out.stdout.split()
+        return cached == "True", digest
+
+    first = run()
+    files = list(tmp_path.glob("ukernel-*.bin"))
+    assert first[0] is False and len(files) == 1
+    assert run() == (True, first[1])
+    data = bytearray(files[0].read_bytes())
+    data[len(data) // 2] ^= 0xFF                         # a damaged copy: compiled again
+    files[0].write_bytes(bytes(data))
+    assert run() == (False, first[1])
+    assert run() == (True, first[1])                     # ... and written anew
+    files[0].write_bytes(files[0].read_bytes()[:100])    # truncated
+    assert run() == (False, first[1])
+    monkeypatch.setenv("CONVGRAD_KERNEL_CACHE", "0")
+    assert _ukernel.cache_dir() is None and _ukernel._read_object("0" * 64) is None
+    monkeypatch.setenv("CONVGRAD_KERNEL_CACHE", "1")
+    monkeypatch.setenv("CONVGRAD_CACHE_DIR", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _ukernel.cache_dir() == str(tmp_path / "xdg" / "convgrad")
