@@ -780,6 +780,87 @@ def test_packed_weight_halves_of_strided_and_short_1x1_layers(monkeypatch):
     assert rel_err(gemm._packed_weight_halves(spec, x, dy, np.float32, halves, (10 * 9 + 24) * 4), want) <= 1e-5
 
 
+def test_strided_1x1_data_gradient_spreads_each_image(monkeypatch):
+    """Strided unpadded 1x1 data gradients of images of at least POINTWISE_MIN_ROWS output
+    positions (a pure rule) run image by image, the products spread to the read cells with
+    zeros around them: strides on some axes, leftover cells past the last read one, groups,
+    1-D to 3-D, float64, half and non-contiguous inputs match the reference; the result's
+    old contents (a recycled buffer) never leak; the same bits on 1 and 2 threads; a cap
+    too small falls back."""
+    from convgrad.kernels import gemm
+    res3a_branch2a = _spec(19, 256, 128, 1, (56, 56), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))
+    assert gemm.strided_1x1_data(res3a_branch2a)
+    for other in (_spec(19, 1024, 512, 1, (14, 14), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),   # 7x7 outputs
+                  _spec(19, 256, 128, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),    # stride 1
+                  _spec(19, 256, 128, 1, (56, 56), (1, 1), (2, 2), (1, 1), (1, 0), (0, 0)),    # padded
+                  _spec(19, 256, 128, 1, (56, 56), (3, 3), (2, 2), (1, 1), (0, 0), (0, 0)),    # 3x3
+                  _spec(1, 8, 8, 1, (32, 32), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))):        # small
+        assert not gemm.strided_1x1_data(other), str(other)
+    assert gemm._spread_rows(_spec(1, 1, 1, 1, (5, 3, 4), (1, 1, 1), (2, 3, 2), (1, 1, 1),
+                                   (0, 0, 0), (0, 0, 0))).tolist() == [0, -1, -1, -1, -1, -1, 1, -1, -1,
+                                                                       -1, -1, -1, 2, -1, -1]
+    monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
+    monkeypatch.setattr(gemm, "POINTWISE_MIN_ROWS", 4)
+    taken = []
+    real, real_result = gemm._strided_1x1_data, gemm._result
+    monkeypatch.setattr(gemm, "_strided_1x1_data", lambda *a: taken.append(real(*a)) or taken[-1])
+
+    def poisoned(shape, dtype, zeroed):                 # old contents of a recycled buffer
+        out, zero = real_result(shape, dtype, zeroed)
+        if not zero:
+            out.fill(np.nan)
+        return out, zero
+
+    monkeypatch.setattr(gemm, "_result", poisoned)
+    rng = np.random.default_rng(67)
+
+    def inputs(spec):
+        return (rng.standard_normal(spec.dst_shape).astype(np.float32),
+                rng.standard_normal(spec.weights_shape).astype(np.float32))
+
+    for spec in (_spec(3, 5, 4, 1, (9, 12), (1, 1), (2, 3), (1, 1), (0, 0), (0, 0)),           # 5 x 4 outputs
+                 _spec(5, 6, 4, 2, (10, 9), (1, 1), (3, 2), (1, 1), (0, 0), (0, 0)),           # groups, leftovers
+                 _spec(4, 3, 5, 1, (23,), (1,), (3,), (2,), (0,), (0,)),
+                 _spec(3, 4, 6, 1, (3, 9, 8), (1, 1, 1), (1, 2, 3), (1, 1, 1), (0, 0, 0), (0, 0, 0))):
+        assert gemm.strided_1x1_data(spec), str(spec)
+        taken.clear()
+        dy, w = inputs(spec)
+        want = ref.conv_backward_data(spec, dy.astype(np.float64), w.astype(np.float64))
+        got = cg.conv_backward_data(dy, w, spec.src, algorithm="taps", **_kw(spec))
+        assert taken and taken[-1] is not None and rel_err(got, want) <= 1e-5, str(spec)
+        f64 = cg.conv_backward_data(dy.astype(np.float64), w.astype(np.float64), spec.src, algorithm="taps",
+                                    **_kw(spec))
+        assert rel_err(f64, want) <= 1e-12, str(spec)
+        dyn = np.asfortranarray(dy)                                         # not C-contiguous
+        assert np.array_equal(cg.conv_backward_data(dyn, w, spec.src, algorithm="taps", **_kw(spec)), got)
+        half = cg.conv_backward_data(dy.astype(np.float16), w.astype(np.float16), spec.src, algorithm="taps",
+                                     **_kw(spec))
+        want16 = ref.conv_backward_data(spec, dy.astype(np.float16).astype(np.float64),
+                                        w.astype(np.float16).astype(np.float64))
+        assert half.dtype == np.float16 and rel_err(half, want16) <= 1e-2, str(spec)
+        cg.set_num_threads(1)
+        try:
+            one = cg.conv_backward_data(dy, w, spec.src, algorithm="taps", **_kw(spec))
+        finally:
+            cg.set_num_threads(None)
+        assert np.array_equal(one, got), str(spec)
+    jit = gemm._spread()
+    if jit is not None:                       # nothing written past a row (the next one's cells)
+        for s, w_in, w_out in ((2, 9, 5), (2, 8, 4), (3, 23, 8), (3, 7, 3), (4, 13, 3)):
+            buf = np.full(2 * 3 * w_in + 1, 7.0, dtype=np.float32)
+            out = buf[:-1].reshape(2, 3, w_in)
+            z = rng.standard_normal((2, 2, w_out)).astype(np.float32)
+            jit.spread(z, out, np.array([1, -1, 0], dtype=np.int64), s)
+            want = np.zeros((2, 3, w_in), dtype=np.float32)
+            want[:, 0, :s * w_out:s], want[:, 2, :s * w_out:s] = z[:, 1], z[:, 0]
+            assert buf[-1] == 7.0 and np.array_equal(out, want), (s, w_in, w_out)
+    spec = _spec(3, 4, 6, 1, (8, 9), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))              # 20 output positions
+    dy, w = inputs(spec)
+    assert gemm._strided_1x1_data(spec, dy, w, np.float32, 4 * 20 * 4 - 1) is None
+    want = ref.conv_backward_data(spec, dy.astype(np.float64), w.astype(np.float64))
+    assert rel_err(gemm._strided_1x1_data(spec, dy, w, np.float32, 4 * 20 * 4), want) <= 1e-5
+
+
 def test_col2im_data_gradient_of_one_image_in_column_chunks(monkeypatch):
     """A col2im data gradient of one image cut into row slabs, with huge kernels (the
     ``rows`` and ``classes`` scatters), splits Z's columns instead: halves of the input

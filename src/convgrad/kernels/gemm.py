@@ -1109,6 +1109,78 @@ def _packed_pointwise_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.nda
     return dsrc
 
 
+# Strided 1x1 data gradients (no padding) image by image: the input cell x[n, c, s*q] is
+# read by output q alone and every other cell by none, so
+#   dX[n, g*Cg + c, s*q] = sum_o W[g*Og + o, c] dY[n, g*Og + o, q] = (W_g^T @ dY_n,g)[c, q]
+# and dX is zero elsewhere: one product per image on the output grid into the thread's
+# buffer (in cache), then ``spread`` (numba) writes the image's rows of dX once each, the
+# products at the read cells and zeros around them. The ``taps`` blocks had zeroed their
+# rows (a memset of up to 61 MB), then scattered each phase with strided NumPy copies that
+# read those rows back. In-process, both paths' calls interleaved in one process (2
+# threads), new / old: resnet_50 res3a_branch2a (mb19, 61 MB) 0.71-0.74, res4a_branch2a 0.79-0.83,
+# res3a_branch1 (mb4) 0.92-0.93, res4a_branch1 0.97-0.99; but 7x7 outputs (res5a_branch2a 1.30,
+# res5a_branch1 1.16: products of 49 columns) keep the blocks, hence images of at least
+# POINTWISE_MIN_ROWS output positions.
+def strided_1x1_data(spec: ConvSpec) -> bool:
+    """A strided 1x1 data gradient without padding, large enough for the thread pool, of at
+    least POINTWISE_MIN_ROWS output positions per image (pure): ``_strided_1x1_data``
+    runs it (derived above)."""
+    return (unpadded_1x1(spec) and any(s > 1 for s in spec.strides) and spec.flops >= PARALLEL_FLOPS
+            and math.prod(spec.dst) >= POINTWISE_MIN_ROWS)
+
+
+@functools.lru_cache(maxsize=1)
+def _spread():
+    from . import depthwise
+    if not depthwise.available():
+        return None
+    try:
+        from . import _spread_jit
+    except ImportError:
+        return None
+    return _spread_jit
+
+
+@functools.lru_cache(maxsize=256)
+def _spread_rows(spec: ConvSpec) -> np.ndarray:
+    """For each input row (every spatial axis but the last, row-major) the output row that
+    reads it, or -1 (pure)."""
+    outer = [np.where((np.arange(i) % s == 0) & (np.arange(i) // s < o), np.arange(i) // s, -1)
+             for i, o, s in zip(spec.src[:-1], spec.dst[:-1], spec.strides[:-1])]
+    rows = np.zeros(1, dtype=np.int64)
+    for m, o in zip(outer, spec.dst[:-1]):
+        rows = np.where((rows[:, None] >= 0) & (m[None, :] >= 0), rows[:, None] * o + m[None, :], -1).reshape(-1)
+    return rows.astype(np.int64)
+
+
+def _strided_1x1_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, dtype,
+                      workspace_limit: int) -> np.ndarray | None:
+    """``strided_1x1_data``'s gradient (derived above), or None without numba or where a
+    thread's buffer exceeds the cap."""
+    jit = _spread()
+    g, cg, og, n = spec.groups, spec.icg, spec.ocg, spec.mb
+    pos = math.prod(spec.dst)
+    worst = spec.ic * pos * np.dtype(dtype).itemsize
+    if jit is None or worst > workspace_limit:
+        return None
+    w = weights.reshape(g, og, cg)
+    if w.dtype != dtype:
+        w = w.astype(dtype)
+    dy = np.ascontiguousarray(diff_dst, dtype=dtype).reshape(n, g, og, pos)
+    dsrc, _ = _result(spec.src_shape, dtype, zeroed=False)
+    out = dsrc.reshape(n, spec.ic, -1, spec.src[-1])
+    rows = _spread_rows(spec)
+
+    def work(i) -> None:
+        z = _scratch("a", (g, cg, pos), dtype)
+        for gi in range(g):
+            matmul_into(w[gi].T, dy[i, gi], z[gi], False)
+        jit.spread(z.reshape(spec.ic, -1, spec.dst[-1]), out[i], rows, spec.strides[-1])
+
+    _run_blocks(work, list(range(n)), worst, workspace_limit, (cg, pos, og))
+    return dsrc
+
+
 # One window per image: a kernel exactly the size of the unpadded, undilated image (a
 # dense layer written as a convolution; the data gradient of a transposed convolution from
 # a 1x1x1 latent). Derivation: the only output position reads every input position once,
@@ -1851,6 +1923,10 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     chunks = packed_pointwise_chunks(spec) if algorithm == "taps" else 0
     if chunks:
         done = _packed_pointwise_data(spec, diff_dst, weights, dtype, chunks, workspace_limit)
+        if done is not None:
+            return done
+    if algorithm == "taps" and strided_1x1_data(spec):
+        done = _strided_1x1_data(spec, diff_dst, weights, dtype, workspace_limit)
         if done is not None:
             return done
     blocks, worst = _plan(geom, "bwd_data", algorithm, dtype, workspace_limit, rows_target)
