@@ -1129,11 +1129,14 @@ def strided_1x1_data(spec: ConvSpec) -> bool:
             and math.prod(spec.dst) >= POINTWISE_MIN_ROWS)
 
 
-@functools.lru_cache(maxsize=1)
 def _spread():
+    """The numba loop of ``_strided_1x1_data``, or None (no numba, or ``CONVGRAD_NUMBA=0``)."""
     from . import depthwise
-    if not depthwise.available():
-        return None
+    return _spread_module() if depthwise.available() else None
+
+
+@functools.lru_cache(maxsize=1)
+def _spread_module():
     try:
         from . import _spread_jit
     except ImportError:
