@@ -648,7 +648,7 @@ def test_blocked_dispatch_rule_amd_zen_avx512():
     56^2 positions; strided ones that do not stream in WEIGHT_PARTS parts, or beyond 384
     channels where their copies cannot gather the cells read), 1x1 data gradients but the
     stride-1 ones run strip by strip (at most 256 output and at least 32 input channels,
-    2048 positions), multi-tap data gradients with weights above 16x the activations
+    2048 positions, or 196 with at most 256 x 256 weights), multi-tap data gradients with weights above 16x the activations
     (pure: no host needed)."""
     def pays(spec, cpu="znver5"):
         return [d for d in dispatch.DIRECTIONS if dispatch.blocked_pays(spec, d, 512, cpu)]
@@ -671,8 +671,13 @@ def test_blocked_dispatch_rule_amd_zen_avx512():
     mobile2 = _spec(19, 32, 64, 1, (112, 112), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
     assert "bwd_data" in pays(mobile2) and "bwd_data" not in pays(mobile2, "")   # 32 rows: Zen only
     for few in (_spec(19, 16, 64, 1, (112, 112), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),      # 16 rows
-                _spec(19, 128, 128, 1, (28, 28), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))):     # 784 positions
+                _spec(9, 1024, 256, 1, (14, 14), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),      # 1 MB of weights
+                _spec(9, 1024, 256, 1, (28, 28), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
+                _spec(19, 256, 256, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))):       # 49 positions
         assert "bwd_data" not in pays(few), str(few)
+    for small in (_spec(19, 128, 256, 1, (28, 28), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),    # mobilenet conv5
+                  _spec(19, 256, 256, 1, (14, 14), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))):   # 256 KiB of weights
+        assert "bwd_data" in pays(small) and "bwd_data" not in pays(small, ""), str(small)
     assert "bwd_weights" in pays(wide_1x1, "") and "bwd_weights" in pays(wide_1x1)    # 56^2: streamed wins
     assert blocked.streamed_weights(wide_28) and "bwd_weights" not in pays(wide_28)
     assert pays(wide_1x1) == list(dispatch.DIRECTIONS)                   # 256 output channels: strips

@@ -492,13 +492,30 @@ BLOCKED_ZEN_STREAMED_1X1_MIN_POSITIONS = 56 * 56
 # 56^2) 0.90 / 0.99, conv4 (128 <- 128, mb9) 0.67 / 0.90, resnet_50 res2a_branch2a (64 <-
 # 64, mb38) 0.83 / 0.95, res2b_branch2a (256 <- 64) 0.83 / 0.91, res2a_branch1 (64 <- 256)
 # 0.91 / 0.93. At 28^2 (784 positions) they lost: conv5 (128 <- 256) 1.14, conv6 1.21,
-# res3b_branch2a (512 <- 128) 1.09.
+# res3b_branch2a (512 <- 128) 1.09. Since the micro-kernel's whole last vectors are plain
+# accesses (``_ukernel``'s unmasked copies) smaller images win too where the weights stay
+# in the L2 cache next to a strip (every strip reads all of them): at most
+# BLOCKED_ZEN_POINTWISE_DATA_MAX_WEIGHTS elements, on images of at least
+# BLOCKED_ZEN_POINTWISE_DATA_MIN_POSITIONS. In-process, the two algorithms' calls
+# interleaved, 64 MB of other traffic before each warm-up (2 threads), blocked / taps:
+# mobilenet conv5 (128 <- 256, 28^2) 0.88-0.90, conv6 (256 <- 256) 0.94-0.98, res3b_branch2a
+# (512 <- 128) 0.99-1.01, 256 <- 256 at 14^2 0.92-0.93, 128 <- 512 at 14^2 0.93, 128 <- 256
+# at 14^2 0.86, 64 <- 96 at 28^2 0.77, 128 <- 64 at 20^2 0.74; but 1 MB of weights lose
+# (res4b_branch2a 1024 <- 256 at 14^2 1.23, at 20^2 1.06, at 28^2 1.07), as do 7^2 images
+# (256 <- 256 1.11, 512 <- 128 1.08, 2048 <- 256 1.34).
 BLOCKED_ZEN_POINTWISE_DATA_MIN_ROWS = 32
+BLOCKED_ZEN_POINTWISE_DATA_MAX_WEIGHTS = 256 * 256
+BLOCKED_ZEN_POINTWISE_DATA_MIN_POSITIONS = 14 * 14
 
 
 def _zen_pointwise_data(spec: ConvSpec, direction: str) -> bool:
-    return (direction == "bwd_data" and blocked.pointwise_strips(spec) and spec.icg >= BLOCKED_ZEN_POINTWISE_DATA_MIN_ROWS
-            and _prod(spec.src) >= BLOCKED_POINTWISE_MIN_POSITIONS)
+    if not (direction == "bwd_data" and blocked.pointwise_strips(spec)
+            and spec.icg >= BLOCKED_ZEN_POINTWISE_DATA_MIN_ROWS):
+        return False
+    positions = _prod(spec.src)
+    return positions >= BLOCKED_POINTWISE_MIN_POSITIONS or (
+        positions >= BLOCKED_ZEN_POINTWISE_DATA_MIN_POSITIONS
+        and spec.icg * spec.ocg <= BLOCKED_ZEN_POINTWISE_DATA_MAX_WEIGHTS)
 
 
 def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
