@@ -425,8 +425,8 @@ def test_row_kernels_weight_gradient_forward_and_flipped_data_gradient(monkeypat
 def test_small_images_with_wide_rows_take_the_row_kernels():
     """Small images (the channels-last blocks' sizes) whose rows hold at least
     ROW_MIN_WIDTH outputs run the row kernels in float32 where those cover the direction
-    (not the stride-2 data gradient), and stay in the blocks in float64 and on narrower
-    rows; both match the reference."""
+    (the stride-2 data gradient: ``up2``, from UP2_SMALL_MIN_OUTPUTS output positions),
+    and stay in the blocks in float64 and on narrower rows; both match the reference."""
     if dwk._micro_kernels() is None:
         pytest.skip("the micro-kernels need an x86-64 CPU with AVX2 and FMA")
     rng = np.random.default_rng(24)
@@ -435,10 +435,13 @@ def test_small_images_with_wide_rows_take_the_row_kernels():
     s7 = _spec(2, 5, 1, (14, 14), (3, 3), (2, 2), (1, 1), (1, 1), (0, 0))            # 7-wide rows
     f32 = np.float32
     assert [dwk.channels_last(s1, d, f32) for d in ("fwd", "bwd_data", "bwd_weights")] == [False] * 3
-    assert [dwk.channels_last(s2, d, f32) for d in ("fwd", "bwd_data", "bwd_weights")] == [False, True, False]
+    assert [dwk.channels_last(s2, d, f32) for d in ("fwd", "bwd_data", "bwd_weights")] == [False] * 3
+    assert dwk._up2_args(s2, f32, False) is not None                          # 196 outputs: up2
+    s2_small = _spec(2, 5, 1, (26, 26), (3, 3), (2, 2), (1, 1), (1, 1), (0, 0))     # 169 outputs
+    assert dwk.channels_last(s2_small, "bwd_data", f32)
     assert all(dwk.channels_last(s7, d, f32) for d in ("fwd", "bwd_data", "bwd_weights"))
     assert all(dwk.channels_last(s1, d, np.float64) for d in ("fwd", "bwd_data", "bwd_weights"))
-    for spec in (s1, s2, s7):
+    for spec in (s1, s2, s2_small, s7):
         for dt in (np.float32, np.float64):
             _check(spec, rng, dt)
 

@@ -139,13 +139,22 @@ def channels_last(spec: ConvSpec, direction: str, dtype=None) -> bool:
 # 53-54 / 42-43 (data gradient 75-76 / 83-85: kept); conv5_1/dw (14^2) 69 / 58, 64-65 /
 # 59-61, 74-75 / 64; but 7-wide rows lose: conv5_6/dw forward 35 / 43, conv6/dw (7^2)
 # weight gradient 47 / 67-68, forward 39-42 / 63-65.
+# The stride-2 data gradient of a small image runs the compiled ``up2`` rows too where it
+# has at least UP2_SMALL_MIN_OUTPUTS output positions: warm, one thread, it had lost
+# (above), but in calls after a pause with 16 MB of other traffic (the benchmark's turns:
+# a warm-up and three calls) the blocks' two transposes cost more. In-process, the two
+# paths' calls interleaved (2 threads, 40 rounds, 10 ms pause and 16 MB before each
+# warm-up), up2 / blocks: conv4_2/dw 0.77-0.84 (warm, back to back: 1.04); conv5_6/dw (7^2
+# outputs) 1.28, conv6/dw (stride 1, 7^2) 1.28 keep the blocks.
 ROW_MIN_WIDTH = 14
+UP2_SMALL_MIN_OUTPUTS = 196
 
 
 @functools.lru_cache(maxsize=1024)
 def _rows_take(spec: ConvSpec, direction: str) -> bool:
-    """Whether a small image's ``direction`` runs the row kernels (``ROW_MIN_WIDTH``; pure
-    but for the host's micro-kernels)."""
+    """Whether a small image's ``direction`` runs the row kernels (``ROW_MIN_WIDTH``; the
+    stride-2 data gradient ``up2``, ``UP2_SMALL_MIN_OUTPUTS``; pure but for the host's
+    micro-kernels)."""
     width = spec.src[-1] if direction == "bwd_data" else spec.dst[-1]
     if width < ROW_MIN_WIDTH or _micro_kernels() is None:
         return False
@@ -155,7 +164,11 @@ def _rows_take(spec: ConvSpec, direction: str) -> bool:
     if direction == "fwd":
         return _rowfwd_plan(spec, ROW_R, ROW_KW) is not None
     fspec = flipped_spec(spec)
-    return spec.ocg == 1 and fspec is not None and _rowfwd_plan(fspec, ROW_R, ROW_KW) is not None
+    if fspec is None:                         # strided: the up2 rows, on larger small images
+        from ._ukernel import UP2_A, UP2_R, UP2_U
+        return (math.prod(spec.dst) >= UP2_SMALL_MIN_OUTPUTS
+                and _up2_plan(spec, UP2_R, UP2_A, UP2_U, _micro_kernels().lanes) is not None)
+    return spec.ocg == 1 and _rowfwd_plan(fspec, ROW_R, ROW_KW) is not None
 
 
 def eligible(spec: ConvSpec) -> bool:
