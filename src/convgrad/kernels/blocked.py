@@ -31,8 +31,8 @@ sums ``dy[n, o, p] * x[n, c, p]`` along the lanes of both rows (``dotkernel``) i
 of positions, then across the lanes in a fixed halving order. 1-D stride-1 layers
 (``line_spec``) run the same way on the rows themselves, each tap a shifted read of the
 row, the weights broadcast from their own layout (flipped in place for the data gradient),
-the blocks at the row ends on a small zero-padded window; their weight gradient
-(``line_weights``, few channels) sums each tap's ``dy`` row against the input row shifted
+the outputs at the row ends whose taps reach the padding on a small zero-padded window;
+their weight gradient (``line_weights``, few channels) sums each tap's ``dy`` row against the input row shifted
 by ``t*d - pb`` along the lanes, over the outputs whose cell is in the row (no padding to
 write: the padding adds nothing). Strided 1x1 forwards and data gradients run the same on
 a copy of the input cells their outputs read (``strided_pointwise``; the data gradient is

@@ -44,7 +44,9 @@ run one per item, an odd batch's last image as two halves of its result channels
 the middle image cut between them (``pointwise_weight_halves``), and one image's splits
 its input channels (``pointwise_weight_columns``). The other 1x1 unpadded weight
 gradients of an odd batch (strided, or 7x7 images) pack the same two halves
-(``packed_weight_halves``).
+(``packed_weight_halves``). Strided 1x1 data gradients run one product per image on the
+output grid, spread into the image's rows of dsrc by a numba loop that writes each row
+once (``strided_1x1_data``).
 
 ``im2col``: the exact column matrix (no wide rows: best for small images, whose halo
 would waste flops, and for few channels, whose per-tap products are too thin). For output
