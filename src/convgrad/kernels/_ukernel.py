@@ -52,6 +52,7 @@ for AVX-512 on the Intel Xeon, 1.9 s for AVX2 on the AMD EPYC, whose variants co
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import platform
 
@@ -991,8 +992,6 @@ def cache_dir() -> str | None:
 
 
 def _cache_key(text: str, cpu: str, features: str) -> str:
-    import hashlib
-
     import llvmlite
     import llvmlite.binding as llvm
     parts = (text, cpu, features, llvmlite.__version__, ".".join(map(str, llvm.llvm_version_info)))
@@ -1006,7 +1005,6 @@ def _cache_path(key: str) -> str | None:
 
 def _read_object(key: str) -> bytes | None:
     """The cached machine code for ``key``, or None (no file, or one that does not check out)."""
-    import hashlib
     path = _cache_path(key)
     if path is None:
         return None
@@ -1024,7 +1022,6 @@ def _read_object(key: str) -> bytes | None:
 
 
 def _write_object(key: str, obj: bytes) -> None:
-    import hashlib
     import tempfile
     path = _cache_path(key)
     if path is None or not obj or len(obj) > CACHE_MAX_BYTES:

@@ -165,9 +165,7 @@ def _rows_take(spec: ConvSpec, direction: str) -> bool:
         return _rowfwd_plan(spec, ROW_R, ROW_KW) is not None
     fspec = flipped_spec(spec)
     if fspec is None:                         # strided: the up2 rows, on larger small images
-        from ._ukernel import UP2_A, UP2_R, UP2_U
-        return (math.prod(spec.dst) >= UP2_SMALL_MIN_OUTPUTS
-                and _up2_plan(spec, UP2_R, UP2_A, UP2_U, _micro_kernels().lanes) is not None)
+        return math.prod(spec.dst) >= UP2_SMALL_MIN_OUTPUTS and _up2_args(spec, np.float32, False) is not None
     return spec.ocg == 1 and _rowfwd_plan(fspec, ROW_R, ROW_KW) is not None
 
 

@@ -1168,9 +1168,7 @@ def _strided_1x1_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray,
     worst = spec.ic * pos * np.dtype(dtype).itemsize
     if jit is None or worst > workspace_limit:
         return None
-    w = weights.reshape(g, og, cg)
-    if w.dtype != dtype:
-        w = w.astype(dtype)
+    w = _weights(spec, weights, (3, 0, 2, 1), dtype)[0]                # (G, Cg, Og): W_g^T
     dy = np.ascontiguousarray(diff_dst, dtype=dtype).reshape(n, g, og, pos)
     dsrc, _ = _result(spec.src_shape, dtype, zeroed=False)
     out = dsrc.reshape(n, spec.ic, -1, spec.src[-1])
@@ -1179,7 +1177,7 @@ def _strided_1x1_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray,
     def work(i) -> None:
         z = _scratch("a", (g, cg, pos), dtype)
         for gi in range(g):
-            matmul_into(w[gi].T, dy[i, gi], z[gi], False)
+            matmul_into(w[gi], dy[i, gi], z[gi], False)
         jit.spread(z.reshape(spec.ic, -1, spec.dst[-1]), out[i], rows, spec.strides[-1])
 
     _run_blocks(work, list(range(n)), worst, workspace_limit, (cg, pos, og))
