@@ -262,6 +262,30 @@ def test_up2_micro_kernel_every_variant():
                     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5, err_msg=str((R, A, U, nvec, lo, hi)))
 
 
+def test_stride_two_data_gradient_plan_groups_rows_by_kernel_rows():
+    """With stride 2 between rows, consecutive dx rows alternate between two sets of kernel
+    rows; the ``up2`` plan groups each set's rows into calls of ``UP2_U`` rows (a call per
+    row had cost mobilenet conv4_2/dw 28 calls per channel) and still stores every dx row
+    that a tap reaches exactly once (pure: no micro-kernels needed)."""
+    from convgrad.kernels._ukernel import UP2_A, UP2_R, UP2_U, up2_key
+    for hw, k, p in ((28, 3, 1), (56, 3, 1), (57, 3, 0), (30, 4, 2)):
+        out = (hw + 2 * p - k) // 2 + 1
+        pe = (out - 1) * 2 + k - hw - p
+        spec = _spec(1, 4, 1, (hw, hw), (k, k), (2, 2), (1, 1), (p, p), (pe, pe))
+        calls, _, zero_rows, dims = dwk._up2_plan(spec, UP2_R, UP2_A, UP2_U, 8)
+        W = int(dims[0])
+        stored = []
+        for key, _, _, y_off, y_rs in calls.tolist():
+            u = key % 8
+            first = (y_off + p) // W
+            assert y_rs == 2 * W
+            stored += [first + 2 * j for j in range(u)]
+        assert sorted(stored + zero_rows.tolist()) == list(range(hw)), (hw, k, p)
+        multi = sum(key % 8 for key, *_ in calls.tolist() if key % 8 == UP2_U)
+        assert multi >= hw // 2, (hw, k, p, calls[:, 0].tolist())
+        assert up2_key(1, 2, UP2_U) in calls[:, 0].tolist() or up2_key(2, 2, UP2_U) in calls[:, 0].tolist()
+
+
 @needs_numba
 def test_stride_two_data_gradient_straight_from_diff_dst(monkeypatch):
     """The float32 data gradient of layers with stride 2 along the rows and one output
