@@ -670,7 +670,7 @@ def _rowfwd_variant_ir(name: str, R: int, KW: int, V: int, S: int) -> str:
     x[u*x_us + r*x_rs + S*o + k]``, an ``x`` element counting only where ``lo <= S*o + k
     < hi`` (the padding reads as zero), read as ``_row_reads_ir`` reads them, times the
     weight broadcast; the last vector of a row stored masked."""
-    vt, mt = f"<{V} x float>", f"<{V} x i1>"
+    vt = f"<{V} x float>"
     L: list[str] = []
     a_ = L.append
     a_(f"define internal void @{name}(i64 %xa, i64 %wa, i64 %ya, i64 %npos, i64 %nrows, i64 %x_rs, i64 %x_us, "

@@ -407,8 +407,7 @@ def _up2_plan(spec: ConvSpec, r_max: int, a_max: int, u_max: int, lanes: int) ->
     nvec = -(-hi // lanes)
     ML = A - 1
     Wd = ML + max(OW, nvec * lanes // 2)
-    classes: dict = {}
-    rows = []                              # (kys, first dy row, dx row)
+    classes: dict = {}                     # kernel-row set -> its rows (first dy row, dx row)
     zero_rows = []
     for i in range(H):
         t = i + ph
@@ -418,8 +417,7 @@ def _up2_plan(spec: ConvSpec, r_max: int, a_max: int, u_max: int, lanes: int) ->
             continue
         if len(kys) > r_max:
             return None
-        classes.setdefault(kys, len(classes))
-        rows.append((kys, (t - kys[0]) // sh, i))
+        classes.setdefault(kys, []).append(((t - kys[0]) // sh, i))
     widx = []
     for kys in classes:                    # weight pairs (r, a, e), -1 past the kernel
         for ky in kys:
@@ -437,8 +435,7 @@ def _up2_plan(spec: ConvSpec, r_max: int, a_max: int, u_max: int, lanes: int) ->
     # of the work.
     from ._ukernel import up2_key
     calls = []
-    for kys in classes:
-        mine = [(o0, i) for ks, o0, i in rows if ks == kys]
+    for kys, mine in classes.items():
         k = 0
         while k < len(mine):
             o0, i = mine[k]
