@@ -3,6 +3,7 @@ differences, element types, shape edge cases, workspace tiling and determinism."
 
 from __future__ import annotations
 
+import math
 
 import ml_dtypes
 import numpy as np
@@ -461,6 +462,7 @@ def test_pointwise_products_without_copies(monkeypatch):
     images per block, row slabs of one image, grouped, non-contiguous and half inputs)."""
     from convgrad.kernels import gemm
     monkeypatch.setattr(gemm, "POINTWISE_MIN_ROWS", 1)
+    monkeypatch.setattr(gemm, "SMALL_POINTWISE_MAX_FLOPS", 0)      # the planned blocks, not one product
     rng = np.random.default_rng(23)
     for rows in (8192, 16, 3):
         monkeypatch.setattr(dispatch, "ROWS_TARGET", rows)
@@ -548,11 +550,66 @@ def test_pointwise_single_position_and_short_images(monkeypatch):
     for d in ("fwd", "bwd_weights", "bwd_data"):
         assert cg.choose_algorithm(spec, d) == "taps"
     rng = np.random.default_rng(31)
+    monkeypatch.setattr(gemm, "SMALL_POINTWISE_MAX_FLOPS", 0)      # the planned blocks, not one product
     for rows in (dispatch.ROWS_TARGET, 5):
         monkeypatch.setattr(dispatch, "ROWS_TARGET", rows)
         _check_all(_spec(13, 12, 10, 2, (1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), rng)
         _check_all(_spec(7, 9, 5, 1, (1,), (1,), (1,), (1,), (0,), (0,)), rng)
         _check_all(_spec(3, 6, 4, 1, (3, 5), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), rng)
+
+
+def test_small_pointwise_problems_as_one_product(monkeypatch):
+    """Small ungrouped stride-1 unpadded 1x1 problems are one NumPy product (the rule and
+    its limits are pure): one image of many positions, a batch of single positions, a
+    batch of images (forward and data gradient), 1-D to 3-D, C_in != C_out, float32 and
+    float64 match the reference and the planned blocks; inputs are not written; grouped,
+    strided, padded, 3x3, non-contiguous, half, large problems and a weight gradient of
+    several multi-position images are left to the planned path (None)."""
+    from convgrad.kernels import gemm
+    rng = np.random.default_rng(61)
+    cases = [_spec(1, 32, 24, 1, (842,), (1,), (1,), (1,), (0,), (0,)),                  # wavenet conv1d_1x1_1 shape
+             _spec(32, 96, 5, 1, (1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),         # a classifier
+             _spec(3, 7, 11, 1, (4, 5), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),
+             _spec(1, 6, 9, 1, (3, 2, 4), (1, 1, 1), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))]
+    for spec in cases:
+        x = rng.standard_normal(spec.src_shape)
+        w = rng.standard_normal(spec.weights_shape)
+        dy = rng.standard_normal(spec.dst_shape)
+        want = {"fwd": ref.conv_forward(spec, x, w), "bwd_data": ref.conv_backward_data(spec, dy, w),
+                "bwd_weights": ref.conv_backward_weights(spec, x, dy)}
+        for dt, tol in ((np.float64, 1e-12), (np.float32, 1e-5)):
+            xs, ws, dys = (v.astype(dt) for v in (x, w, dy))
+            keep = [v.copy() for v in (xs, ws, dys)]
+            operands = {"fwd": (xs, ws), "bwd_data": (dys, ws), "bwd_weights": (xs, dys)}
+            calls = {"fwd": lambda: cg.conv_forward(xs, ws, algorithm="taps", **_kw(spec)),
+                     "bwd_data": lambda: cg.conv_backward_data(dys, ws, spec.src, algorithm="taps", **_kw(spec)),
+                     "bwd_weights": lambda: cg.conv_backward_weights(xs, dys, spec.kernel, algorithm="taps",
+                                                                     **_kw(spec))}
+            for d, call in calls.items():
+                one = gemm.small_pointwise(spec, d, *operands[d], np.dtype(dt))
+                if d == "bwd_weights" and spec.mb > 1 and math.prod(spec.src) > 1:
+                    assert one is None, str(spec)
+                    continue
+                assert one is not None and one.shape == want[d].shape and one.dtype == dt, (d, str(spec))
+                assert rel_err(one, want[d]) <= tol, (d, str(spec), dt)
+                assert np.array_equal(call(), one), (d, str(spec))
+                with monkeypatch.context() as m:                 # the planned path agrees
+                    m.setattr(gemm, "SMALL_POINTWISE_MAX_FLOPS", 0)
+                    assert gemm.small_pointwise(spec, d, *operands[d], np.dtype(dt)) is None
+                    assert rel_err(call(), want[d]) <= tol, (d, str(spec), dt)
+            assert all(np.array_equal(a, b) for a, b in zip(keep, (xs, ws, dys)))
+    x, w = rng.standard_normal((2, 8, 5, 6)), rng.standard_normal((6, 8, 1, 1))
+    others = [(_spec(2, 8, 6, 2, (5, 6), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), None),    # grouped
+              (_spec(2, 8, 6, 1, (5, 6), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)), None),    # strided
+              (_spec(2, 8, 6, 1, (5, 6), (1, 1), (1, 1), (1, 1), (1, 0), (0, 0)), None),    # padded
+              (_spec(2, 8, 6, 1, (5, 6), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)), None),    # 3x3
+              (_spec(16, 256, 256, 1, (28, 28), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), None),  # large
+              (_spec(2, 8, 6, 1, (5, 6), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), "strided"),
+              (_spec(2, 8, 6, 1, (5, 6), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), "half")]
+    for spec, how in others:
+        xs = np.zeros(spec.src_shape) if how is None else x[:, :, :, ::-1] if how == "strided" else x.astype(np.float16)
+        ws = np.zeros(spec.weights_shape) if how is None else w
+        assert gemm.small_pointwise(spec, "fwd", xs, ws, np.dtype(np.float64)) is None, (str(spec), how)
 
 
 def _half_inputs_and_thread_bits(spec, dy, w, alg):

@@ -196,10 +196,12 @@ def _run(direction: str, spec: ConvSpec, a: np.ndarray, b: np.ndarray, out_dtype
               "bwd_data": kernel.conv_backward_data}[direction]
         res = fn(spec, a, b, dtype=cdt, workspace_limit=limit)
     else:
-        fn = {"fwd": gemm.conv_forward, "bwd_weights": gemm.conv_backward_weights,
-              "bwd_data": gemm.conv_backward_data}[direction]
-        res = fn(spec, a, b, dtype=cdt, algorithm=algorithm, workspace_limit=limit,
-                 rows_target=dispatch.ROWS_TARGET)
+        res = gemm.small_pointwise(spec, direction, a, b, cdt) if algorithm == "taps" else None
+        if res is None:
+            fn = {"fwd": gemm.conv_forward, "bwd_weights": gemm.conv_backward_weights,
+                  "bwd_data": gemm.conv_backward_data}[direction]
+            res = fn(spec, a, b, dtype=cdt, algorithm=algorithm, workspace_limit=limit,
+                     rows_target=dispatch.ROWS_TARGET)
     return np.ascontiguousarray(res.astype(out_dtype, copy=False))
 
 
