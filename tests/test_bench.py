@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -190,6 +193,29 @@ def test_end_to_end_run(tmp_path):
             assert int(r["peak_bytes"]) > 0 and float(r["ratio_to_best_peer"]) > 0
     assert (tmp_path / "chart.png").stat().st_size > 0
     assert "tiny_dw" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.parametrize("form", ["this python", "3.10 form"])
+def test_a_worker_ignores_modules_in_the_current_directory(tmp_path, monkeypatch, form):
+    """A worker started from a directory holding files named like modules it imports
+    (here ``grp``, which the standard library loads, and ``torch``) must not import them:
+    with ``python -m`` the directory came first on the path, and a stray ``grp.py`` made
+    every peer's turn fail."""
+    for name in ("grp", "torch", "numpy"):
+        (tmp_path / f"{name}.py").write_text(f"raise ImportError('shadowed {name} imported')\n")
+    monkeypatch.chdir(tmp_path)
+    cmd = bench.worker_command("convgrad", 1)
+    if form == "3.10 form":
+        cmd = [sys.executable, "-c", bench._SAFE_PATH_ENTRY] + cmd[cmd.index("--worker"):]
+    done = subprocess.run(cmd, input=json.dumps({"op": "quit"}) + "\n", capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[0])["ok"] is True
+    assert "shadowed" not in done.stderr
+    peer = subprocess.run([sys.executable] + cmd[1:-4] + ["--worker", "torch", "--threads", "1"],
+                          input=json.dumps({"op": "quit"}) + "\n", capture_output=True, text=True, timeout=300)
+    info = json.loads(peer.stdout.splitlines()[0])
+    assert info["ok"] is True, info
 
 
 def test_a_turn_times_every_direction_before_its_checks():

@@ -683,6 +683,24 @@ def measure_sgemm(n: int = 2048, reps: int = 5) -> float:
 # Coordinator
 # ---------------------------------------------------------------------------------------
 
+# The worker runs as ``python -m convgrad.bench``, which would put the current directory
+# first on ``sys.path``: a file there named like a module the worker imports (``grp.py``,
+# ``trace.py``, ``json.py`` ...) shadowed it, and the peer's turn failed with that file's
+# error. Python 3.11's ``-P`` leaves the directory out; 3.10, which has no ``-P``, drops it
+# itself before it imports convgrad (only ``site``'s startup imports came before).
+_SAFE_PATH_ENTRY = ("import runpy, sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+                    "runpy.run_module('convgrad.bench', run_name='__main__', alter_sys=True)")
+
+
+def worker_command(library: str, threads: int) -> list[str]:
+    """The argv of a worker process for ``library`` (pure), without the current directory
+    on its module path."""
+    tail = ["--worker", library, "--threads", str(threads)]
+    if sys.version_info >= (3, 11):
+        return [sys.executable, "-P", "-m", "convgrad.bench"] + tail
+    return [sys.executable, "-c", _SAFE_PATH_ENTRY] + tail
+
+
 class Worker:
     """One library's worker process and its request/reply pipe."""
 
@@ -697,8 +715,7 @@ class Worker:
         for var in BLAS_OVERRIDES:
             env.pop(var, None)
         log = open(self.log_dir / f"worker-{self.library}.log", "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "convgrad.bench", "--worker", self.library,
-                                      "--threads", str(self.threads)],
+        self.proc = subprocess.Popen(worker_command(self.library, self.threads),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, env=env, text=True,
                                      bufsize=1)
         log.close()
