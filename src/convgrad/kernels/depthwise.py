@@ -642,12 +642,12 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
     blocks, workers = _plan(spec, per, w.nbytes + _scratch(spec, "fwd", dtype.itemsize), workspace_limit, "fwd",
                             CB_CHANNELS if cl else 1)
 
-    stencil = _stencil_args(spec, "fwd", dtype, cl)
     compiled = _micro_kernels() if not cl and dtype == np.float32 else None
     rowfwd = None
     if compiled is not None:
         from ._ukernel import ROW_KW, ROW_R
         rowfwd = _rowfwd_plan(spec, ROW_R, ROW_KW)
+    stencil = _stencil_args(spec, "fwd", dtype, cl) if rowfwd is None and not cl else _NO_STENCIL
 
     def work(b):
         x, xc0 = get_x(*b)
@@ -675,9 +675,9 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
     blocks, workers = _plan(spec, per, w.nbytes + _scratch(spec, "bwd_data", dtype.itemsize), workspace_limit,
                             "bwd_data", CB_CHANNELS if cl else 1)
 
-    stencil = _stencil_args(spec, "bwd_data", dtype, cl)
     up2 = _up2_args(spec, dtype, cl)
     rows = _flipped_rows(spec, dtype, cl) if up2 is None else None
+    stencil = _stencil_args(spec, "bwd_data", dtype, cl) if up2 is None and rows is None and not cl else _NO_STENCIL
     if rows is not None:       # the flipped forward: dx = dy correlated with the kernel reversed
         wf = np.ascontiguousarray(w[:, ::-1, ::-1, ::-1])
 
