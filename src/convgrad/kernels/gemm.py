@@ -1060,9 +1060,13 @@ def _packed_weight_halves(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
         at = 0
         for n0, n1, p0, p1 in _runs(half, positions):     # whole images in one copy each
             k = (n1 - n0) * (p1 - p0)
-            xs[:, :, at:at + k].reshape(g, cg, n1 - n0, p1 - p0)[...] = (
-                sampled[n0:n1].reshape((n1 - n0, g, cg) + spec.dst).reshape(n1 - n0, g, cg, positions)
-                [..., p0:p1].transpose(1, 2, 0, 3))
+            images = sampled[n0:n1].reshape((n1 - n0, g, cg) + spec.dst)
+            if p1 - p0 == positions:        # straight from the strided view: no flat copy first
+                xs[:, :, at:at + k].reshape((g, cg, n1 - n0) + spec.dst)[...] = images.transpose(
+                    (1, 2, 0) + tuple(range(3, 3 + spec.nsp)))
+            else:
+                xs[:, :, at:at + k].reshape(g, cg, n1 - n0, p1 - p0)[...] = (
+                    images.reshape(n1 - n0, g, cg, positions)[..., p0:p1].transpose(1, 2, 0, 3))
             ds[:, :, at:at + k].reshape(g, og, n1 - n0, p1 - p0)[...] = dy[n0:n1, :, :, p0:p1].transpose(1, 2, 0, 3)
             at += k
         part = np.empty((g, og, cg), dtype=dtype)
