@@ -573,11 +573,24 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
 #    12.5, conv_3 (64 -> 64) 7.8 / 9.1 and 7.6 / 9.6, 48 -> 64 ch 20^3 mb2 8.8 / 12.9; but
 #    conv_4 (64 -> 128) 6.8 / 6.4 and 8.2 / 6.8, conv_5 - conv_8 (128-512 channels) even or
 #    slower, and 2-D res2a_branch2b (64 -> 64) 11.5 / 11.1.
+#  - and 2-D ones with the same channels, at least BLOCKED_256_2D_WEIGHTS_MIN_INPUTS input
+#    channels per group and at most BLOCKED_256_2D_WEIGHTS_MAX_POSITIONS positions per
+#    image. Measured on an AMD EPYC Zen 2 (family 23 model 49; SGEMM 175-192 GFLOP/s),
+#    2 threads, in-process, blocked / the previous choice interleaved (10 rounds of a 50 ms
+#    pause, 16 MB of other traffic, a warm-up and 3 calls; medians, ms, and the paired
+#    ratio): resnet_50 res2a_branch2b (64 -> 64, 56^2, mb4) 9.00 / 10.77 (im2col) 0.85,
+#    64 -> 64 28^2 mb8 4.15 / 6.18 0.68, 64 -> 64 14^2 mb16 2.35 / 3.59 0.63, 48 -> 80 56^2
+#    8.05 / 9.61 0.85, 32 -> 96 5.68 / 7.41 0.77, 64 -> 64 5x5 56^2 mb2 9.83 / 14.61 0.68;
+#    but one image of 112^2 (64 -> 64) 9.10 / 8.72 (taps) 1.07, and, with more channels,
+#    res3a_branch2b (128 -> 128) 8.76 / 8.46, res5a_branch2b 10.42 / 8.38. On the Zen 3
+#    res2a_branch2b had measured 9.8 / 11.7 and, later, 11.5 / 11.1 (above).
 BLOCKED_256_MAX_WEIGHT_RATIO = 12
 BLOCKED_256_MIN_FORWARD_CHANNELS = 16
 BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS = 128
 BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS = 128
 BLOCKED_256_3D_WEIGHTS_MIN_OUTPUTS = 64
+BLOCKED_256_2D_WEIGHTS_MIN_INPUTS = 16
+BLOCKED_256_2D_WEIGHTS_MAX_POSITIONS = 56 * 56
 
 
 def _blocked_rule_256(spec: ConvSpec, direction: str) -> bool:
@@ -588,8 +601,12 @@ def _blocked_rule_256(spec: ConvSpec, direction: str) -> bool:
                 and blocked.pointwise_weights(spec) and _prod(spec.src) >= BLOCKED_POINTWISE_MIN_POSITIONS
                 and spec.icg + spec.ocg <= BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS)
     if direction == "bwd_weights":
-        return (spec.nsp == 3 and spec.ocg >= BLOCKED_256_3D_WEIGHTS_MIN_OUTPUTS
-                and spec.icg + spec.ocg <= BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS and _blocked_rule(spec, direction))
+        if spec.ocg < BLOCKED_256_3D_WEIGHTS_MIN_OUTPUTS or spec.icg + spec.ocg > BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS:
+            return False
+        if spec.nsp == 2 and (spec.icg < BLOCKED_256_2D_WEIGHTS_MIN_INPUTS
+                              or _prod(spec.src) > BLOCKED_256_2D_WEIGHTS_MAX_POSITIONS):
+            return False
+        return spec.nsp >= 2 and _blocked_rule(spec, direction)
     if (direction == "fwd" and spec.icg < BLOCKED_256_MIN_FORWARD_CHANNELS) or blocked.line_spec(spec):
         return False
     return _blocked_rule(spec, direction) and _prod(spec.weights_shape) <= BLOCKED_256_MAX_WEIGHT_RATIO * (
