@@ -212,7 +212,7 @@ def test_a_worker_ignores_modules_in_the_current_directory(tmp_path, monkeypatch
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.splitlines()[0])["ok"] is True
     assert "shadowed" not in done.stderr
-    peer = subprocess.run([sys.executable] + cmd[1:-4] + ["--worker", "torch", "--threads", "1"],
+    peer = subprocess.run(cmd[:cmd.index("--worker")] + ["--worker", "torch", "--threads", "1"],
                           input=json.dumps({"op": "quit"}) + "\n", capture_output=True, text=True, timeout=300)
     info = json.loads(peer.stdout.splitlines()[0])
     assert info["ok"] is True, info

@@ -566,8 +566,8 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
 #    GEMM (res2a_branch2a 11.3 / 9.5, 12.6 / 9.8), as do the 1-D rows (wavenet 32 ch k2
 #    5.9 / 4.0, 6.5 / 4.6 against the thin kernel).
 #  - multi-tap 3-D weight gradients with few channels do win: at most
-#    BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS input + output channels and at least
-#    BLOCKED_256_3D_WEIGHTS_MIN_OUTPUTS outputs (fewer are the thin kernel's, which ties or
+#    BLOCKED_256_WEIGHTS_MAX_CHANNELS input + output channels and at least
+#    BLOCKED_256_WEIGHTS_MIN_OUTPUTS outputs (fewer are the thin kernel's, which ties or
 #    wins: 32 ch 24^3 10.2 / 10.4, 16 -> 32 ch 40^3 11.7 / 13.2). Measured later (min / median
 #    of 3 x 5 calls, ms, blocked / im2col): 3d_unet conv_2 (32 -> 64) 9.8 / 10.9 and 8.5 /
 #    12.5, conv_3 (64 -> 64) 7.8 / 9.1 and 7.6 / 9.6, 48 -> 64 ch 20^3 mb2 8.8 / 12.9; but
@@ -587,8 +587,8 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
 BLOCKED_256_MAX_WEIGHT_RATIO = 12
 BLOCKED_256_MIN_FORWARD_CHANNELS = 16
 BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS = 128
-BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS = 128
-BLOCKED_256_3D_WEIGHTS_MIN_OUTPUTS = 64
+BLOCKED_256_WEIGHTS_MAX_CHANNELS = 128
+BLOCKED_256_WEIGHTS_MIN_OUTPUTS = 64
 BLOCKED_256_2D_WEIGHTS_MIN_INPUTS = 16
 BLOCKED_256_2D_WEIGHTS_MAX_POSITIONS = 56 * 56
 
@@ -601,7 +601,7 @@ def _blocked_rule_256(spec: ConvSpec, direction: str) -> bool:
                 and blocked.pointwise_weights(spec) and _prod(spec.src) >= BLOCKED_POINTWISE_MIN_POSITIONS
                 and spec.icg + spec.ocg <= BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS)
     if direction == "bwd_weights":
-        if spec.ocg < BLOCKED_256_3D_WEIGHTS_MIN_OUTPUTS or spec.icg + spec.ocg > BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS:
+        if spec.ocg < BLOCKED_256_WEIGHTS_MIN_OUTPUTS or spec.icg + spec.ocg > BLOCKED_256_WEIGHTS_MAX_CHANNELS:
             return False
         if spec.nsp == 2 and (spec.icg < BLOCKED_256_2D_WEIGHTS_MIN_INPUTS
                               or _prod(spec.src) > BLOCKED_256_2D_WEIGHTS_MAX_POSITIONS):
