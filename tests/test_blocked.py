@@ -159,7 +159,7 @@ def test_blocked_weight_gradient_segments(monkeypatch):
     segment, the padding at both ends, strides and dilations along the cut axis, the last
     segment shorter, on 1-3 axes."""
     monkeypatch.setattr(blocked, "WEIGHT_PARTS", 3)
-    monkeypatch.setattr(blocked, "ROW_CHUNK_BYTES", 1)
+    monkeypatch.setattr(blocked, "ROW_CHUNK_BYTES", {256: 1, 512: 1})
     monkeypatch.setattr(blocked, "POINTWISE_WEIGHTS_MAX_CHANNELS", 0)    # the 1-D rows too
     rng = np.random.default_rng(16)
     for spec in (_spec(2, 5, 20, 1, (103,), (4,), (1,), (2,), (3,), (1,)),
@@ -181,7 +181,7 @@ def test_weight_gradient_schedule_is_pure_and_sized():
     wavenet = _spec(1, 32, 32, 1, (84350,), (2,), (1,), (1,), (0,), (0,))
     parts, rows, nseg, seg = blocked._weight_parts(wavenet)
     assert parts == blocked.WEIGHT_PARTS and rows == 1 and nseg == -(-84349 // seg) and seg % 16 == 0
-    assert seg * 4 * (32 + 32) <= blocked.ROW_CHUNK_BYTES
+    assert seg * 4 * (32 + 32) <= blocked._row_chunk_bytes()
     deep = _spec(4, 512, 512, 1, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
     assert blocked._weight_parts(deep) == (0, 0, 0, 0)
     few = _spec(1, 8, 16, 1, (5, 6), (3, 3), (1, 1), (1, 1), (0, 0), (0, 0))      # 3 rows of 4
@@ -410,12 +410,32 @@ def test_blocked_strided_pointwise(rules_of_a_512_bit_host):
 
 
 @needs_blocked
+def test_weight_gradient_bits_do_not_depend_on_the_row_chunk(monkeypatch):
+    """The chunk of whole rows the tiles walk (ROW_CHUNK_BYTES, by vector width) only decides
+    when a tile's sums are put down and picked up again: the same bits for one row a chunk,
+    two rows and every row, streamed (small weights) and on whole copies (large ones)."""
+    rng = np.random.default_rng(23)
+    for spec in (_spec(2, 24, 40, 1, (13, 11), (3, 2), (1, 1), (1, 1), (1, 0), (1, 1)),      # streamed
+                 _spec(1, 16, 48, 1, (6, 7, 5), (3, 3, 2), (1, 1, 1), (1, 1, 1), (1, 1, 0), (1, 0, 1)),
+                 _spec(2, 320, 288, 1, (6, 5), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))):   # whole copies
+        x, _, dy = _inputs(spec, rng, np.float32)
+        row = 4 * (spec.dst[-1] + spec.kernel[-1]) * (spec.ic + spec.oc + blocked._lanes()[0])  # >= a row
+        got = []
+        for chunk in (row, 2 * row, 1 << 30):
+            monkeypatch.setattr(blocked, "ROW_CHUNK_BYTES", {256: chunk, 512: chunk})
+            assert blocked._weight_parts(spec)[2] in (0, 1)                  # whole rows
+            got.append(cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="blocked"))
+        assert np.array_equal(got[0], got[1]) and np.array_equal(got[0], got[2]), str(spec)
+    assert blocked._weight_parts(spec) == (0, 0, 0, 0)                  # the last one: whole copies
+
+
+@needs_blocked
 def test_blocked_chunked_reductions(monkeypatch):
     """Input channels cut into chunks (weight blocks bigger than WEIGHT_BLOCK_BYTES) and the
     weight gradient's rows cut into chunks (ROW_CHUNK_BYTES): the sums run on through the
     chunks."""
     monkeypatch.setattr(blocked, "WEIGHT_BLOCK_BYTES", 4 * 9 * 64 * 3)     # 3 input channels a chunk
-    monkeypatch.setattr(blocked, "ROW_CHUNK_BYTES", 1)                     # one row a chunk
+    monkeypatch.setattr(blocked, "ROW_CHUNK_BYTES", {256: 1, 512: 1})                     # one row a chunk
     rng = np.random.default_rng(11)
     for spec in (_spec(2, 10, 40, 1, (7, 9), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
                  _spec(1, 12, 36, 2, (5, 4, 6), (2, 3, 2), (1, 1, 1), (1, 2, 1), (1, 0, 1), (0, 1, 1))):
@@ -610,8 +630,8 @@ def test_blocked_dispatch_rule_256_bit():
     """On AVX2 hosts (256-bit vectors) only what was measured to win there: data gradients
     of multi-tap kernels (weights at most 12x the activations), forwards with at least 16
     input channels, narrow 1x1 weight gradients on the NCX rows, 3-D multi-tap weight
-    gradients with 64 or more outputs and at most 128 channels, and 2-D ones too with at
-    least 16 inputs and at most 56^2 positions per image (pure: no host needed)."""
+    gradients with 64 or more outputs and at most 256 channels, and 2-D ones with at most
+    128 channels and at least 16 inputs, on images of any size (pure: no host needed)."""
     def pays(spec):
         return [d for d in dispatch.DIRECTIONS if dispatch.blocked_pays(spec, d, 256)]
 
@@ -632,11 +652,15 @@ def test_blocked_dispatch_rule_256_bit():
     big_image = _spec(1, 64, 64, 1, (112, 112), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
     wide_2d = _spec(4, 64, 128, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))       # 192 channels
     few_inputs = _spec(4, 8, 96, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
-    for spec in (big_image, wide_2d, few_inputs):
+    for spec in (wide_2d, few_inputs):
         assert "bwd_weights" not in pays(spec), str(spec)
+    assert "bwd_weights" in pays(big_image)                                # one 112^2 image
     assert "bwd_weights" in pays(_spec(4, 32, 96, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)))
     assert pays(unet) == pays(unet3) == list(dispatch.DIRECTIONS)               # 32 -> 64, 64 -> 64 channels, 3-D
-    assert pays(unet4) == ["fwd", "bwd_data"]                             # 192 channels
+    assert pays(unet4) == list(dispatch.DIRECTIONS)                       # 192 channels, 3-D
+    unet5 = _spec(1, 128, 128, 1, (11, 11, 11), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
+    unet6 = _spec(1, 128, 256, 1, (8, 9, 9), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
+    assert "bwd_weights" in pays(unet5) and "bwd_weights" not in pays(unet6)    # 256 and 384 channels
     assert "bwd_weights" not in pays(thin3d)                               # 32 outputs: the thin kernel's
     assert pays(res5) == ["bwd_data"]                                      # the forward's ratio is 4
     assert pays(conv1) == [] and dispatch.blocked_pays(conv1, "fwd", 512)

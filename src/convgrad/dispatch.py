@@ -573,9 +573,8 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
 #    12.5, conv_3 (64 -> 64) 7.8 / 9.1 and 7.6 / 9.6, 48 -> 64 ch 20^3 mb2 8.8 / 12.9; but
 #    conv_4 (64 -> 128) 6.8 / 6.4 and 8.2 / 6.8, conv_5 - conv_8 (128-512 channels) even or
 #    slower, and 2-D res2a_branch2b (64 -> 64) 11.5 / 11.1.
-#  - and 2-D ones with the same channels, at least BLOCKED_256_2D_WEIGHTS_MIN_INPUTS input
-#    channels per group and at most BLOCKED_256_2D_WEIGHTS_MAX_POSITIONS positions per
-#    image. Measured on an AMD EPYC Zen 2 (family 23 model 49; SGEMM 175-192 GFLOP/s),
+#  - and 2-D ones with the same channels and at least BLOCKED_256_2D_WEIGHTS_MIN_INPUTS
+#    input channels per group. Measured on an AMD EPYC Zen 2 (family 23 model 49; SGEMM 175-192 GFLOP/s),
 #    2 threads, in-process, blocked / the previous choice interleaved (10 rounds of a 50 ms
 #    pause, 16 MB of other traffic, a warm-up and 3 calls; medians, ms, and the paired
 #    ratio): resnet_50 res2a_branch2b (64 -> 64, 56^2, mb4) 9.00 / 10.77 (im2col) 0.85,
@@ -584,13 +583,22 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
 #    but one image of 112^2 (64 -> 64) 9.10 / 8.72 (taps) 1.07, and, with more channels,
 #    res3a_branch2b (128 -> 128) 8.76 / 8.46, res5a_branch2b 10.42 / 8.38. On the Zen 3
 #    res2a_branch2b had measured 9.8 / 11.7 and, later, 11.5 / 11.1 (above).
+#  - since the tiles walk chunks of 64 KiB on AVX2 (``blocked.ROW_CHUNK_BYTES``; 1 MiB
+#    before, read from the L3 cache), 3-D ones up to BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS
+#    channels and 2-D ones on images of any size. Measured on an AMD EPYC Zen 3 (family 25
+#    model 1), same method (5-8 rounds), blocked / the best GEMM: 3d_unet conv_4 (64 -> 128,
+#    192 channels) 7.5 / 8.0 (im2col) 0.93, conv_5 (128 -> 128) 9.1 / 10.3-10.8 0.87, but
+#    conv_6 (128 -> 256) 8.8 / 8.4 1.04; one 112^2 image (64 -> 64) 6.45 / 7.16 (taps) 0.90,
+#    64 -> 64 224^2 28.2 / 28.0 (taps) 1.0, 32 -> 64 160^2 7.4 / 8.5 0.91; res2a_branch2b
+#    6.7 / 7.6 (taps) 0.88; 2-D with more channels still loses: res3a_branch2b (128 ->
+#    128) 7.3 / 6.8-7.1 (im2col) 1.04-1.09, 256 ch 14^2 8.8 / 6.9, 512 ch 7^2 10.2 / 6.4.
 BLOCKED_256_MAX_WEIGHT_RATIO = 12
 BLOCKED_256_MIN_FORWARD_CHANNELS = 16
 BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS = 128
 BLOCKED_256_WEIGHTS_MAX_CHANNELS = 128
+BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS = 256
 BLOCKED_256_WEIGHTS_MIN_OUTPUTS = 64
 BLOCKED_256_2D_WEIGHTS_MIN_INPUTS = 16
-BLOCKED_256_2D_WEIGHTS_MAX_POSITIONS = 56 * 56
 
 
 def _blocked_rule_256(spec: ConvSpec, direction: str) -> bool:
@@ -601,10 +609,10 @@ def _blocked_rule_256(spec: ConvSpec, direction: str) -> bool:
                 and blocked.pointwise_weights(spec) and _prod(spec.src) >= BLOCKED_POINTWISE_MIN_POSITIONS
                 and spec.icg + spec.ocg <= BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS)
     if direction == "bwd_weights":
-        if spec.ocg < BLOCKED_256_WEIGHTS_MIN_OUTPUTS or spec.icg + spec.ocg > BLOCKED_256_WEIGHTS_MAX_CHANNELS:
+        widest = BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS if spec.nsp == 3 else BLOCKED_256_WEIGHTS_MAX_CHANNELS
+        if spec.ocg < BLOCKED_256_WEIGHTS_MIN_OUTPUTS or spec.icg + spec.ocg > widest:
             return False
-        if spec.nsp == 2 and (spec.icg < BLOCKED_256_2D_WEIGHTS_MIN_INPUTS
-                              or _prod(spec.src) > BLOCKED_256_2D_WEIGHTS_MAX_POSITIONS):
+        if spec.nsp == 2 and spec.icg < BLOCKED_256_2D_WEIGHTS_MIN_INPUTS:
             return False
         return spec.nsp >= 2 and _blocked_rule(spec, direction)
     if (direction == "fwd" and spec.icg < BLOCKED_256_MIN_FORWARD_CHANNELS) or blocked.line_spec(spec):

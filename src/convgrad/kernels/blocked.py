@@ -93,8 +93,22 @@ from .gemm import _scratch, flipped_spec, guided_chunks, pointwise_spec, run_eac
 # of a block are cut into chunks of at most this size.
 WEIGHT_BLOCK_BYTES = 512 * 1024
 # Bytes of output rows (diff_dst and the input rows they read) per chunk of the weight
-# gradient: every tile of a thread walks the chunk, so it must stay in the L2 cache.
-ROW_CHUNK_BYTES = 1024 * 1024
+# gradient, by vector width: every tile of a thread walks the chunk, so it must stay close
+# to the core. On AVX2 (a 4 x 24 tile: each step reads a line of the input and one and a
+# half of diff_dst for 12 FMAs) 64 KiB against the 1 MiB that AVX-512 hosts keep (where
+# 256 KiB - 2 MiB measured alike). Measured on an AMD EPYC Zen 3 (family 25 model 1, L2
+# 512 KiB), 2 threads, in one process, 64 KiB / 1 MiB interleaved (6 rounds; paired
+# medians): res2a_branch2b (64 ch 56^2 mb4) 0.70, 128 ch 28^2 0.74, 64 ch 28^2 mb8 0.83,
+# 48 -> 80 ch 0.72, 3d_unet conv_2 0.70, 64 ch 16x18x18 0.74, mobilenet conv1 (3 -> 32, s2)
+# 0.83, resnet_50 conv1 0.85, VGG conv1 0.78, 16 ch 128^2 1.05; 48 KiB, 80 KiB, 96 KiB and
+# 128 KiB did no better over these (chunks of whole rows: the best count of rows moves with
+# the row's size). Chunks of whole rows sum in the same order, so the bits stay (rows cut
+# into segments do move the parts' bounds).
+ROW_CHUNK_BYTES = {256: 64 * 1024, 512: 1024 * 1024}
+
+
+def _row_chunk_bytes() -> int:
+    return ROW_CHUNK_BYTES[vector_bits() or 512]
 # The streamed weight gradient (``_weight_parts``) cuts the output rows into this many
 # parts (fixed: the parts' partial sums are added in order, so results do not depend on
 # the threads), while their copies of the weight blocks fill at most WEIGHT_PARTS_BYTES.
@@ -498,7 +512,7 @@ def _weight_parts(spec: ConvSpec) -> tuple[int, int, int, int]:
     Streamed: ``WEIGHT_PARTS`` parts of the output rows (2 for weights up to
     ``WEIGHT_TWO_PARTS_BYTES / 2``), each summing into its own copy of the weight blocks
     (added in order at the end), each copying its chunks channels-last
-    into buffers of about ``ROW_CHUNK_BYTES`` (rows of ``diff_dst`` and the input rows they
+    into buffers of about the chunk size (``ROW_CHUNK_BYTES``; rows of ``diff_dst`` and the input rows they
     read; a row longer than that is cut into segments). Where the weights are larger, or
     there are fewer chunks than parts, the whole arrays are copied once and the threads
     split the weight tiles instead."""
@@ -517,12 +531,12 @@ def _weight_parts(spec: ConvSpec) -> tuple[int, int, int, int]:
     out_bytes = 4 * spec.groups * ogp                        # per position: diff_dst, and
     in_bytes = 4 * spec.ic * max(1, math.prod(spec.strides[:-1])) * sw       # its inputs
     row_bytes = wout * (out_bytes + in_bytes) + 4 * spec.ic * halo
-    if row_bytes <= ROW_CHUNK_BYTES:
+    if row_bytes <= _row_chunk_bytes():
         nseg, seg = 1, wout
-        chunk_rows = max(1, min(-(-nrows // nparts), ROW_CHUNK_BYTES // row_bytes))
+        chunk_rows = max(1, min(-(-nrows // nparts), _row_chunk_bytes() // row_bytes))
     else:
         in_bytes = 4 * spec.ic * max(1, math.prod(spec.kernel[:-1])) * sw    # one row: every outer tap
-        seg = max(lanes, ROW_CHUNK_BYTES // (out_bytes + in_bytes) // lanes * lanes)
+        seg = max(lanes, _row_chunk_bytes() // (out_bytes + in_bytes) // lanes * lanes)
         nseg, chunk_rows = -(-wout // seg), 1
     if nrows * nseg < nparts:
         return 0, 0, 0, 0
@@ -675,7 +689,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
         dycl, more = _to_channels_last(_f32(diff_dst), g, og, ogp, wout, 0, workers, "blocked_y")
         _run_pieces(pieces + more, workers)
         row_bytes = 4 * (wout * g * ogp + wp * spec.ic)
-        chunk_rows = max(1, min(nrows, ROW_CHUNK_BYTES // row_bytes))
+        chunk_rows = max(1, min(nrows, _row_chunk_bytes() // row_bytes))
         blk = _scratch("blocked_w", (blk_elems,), np.float32)
         run_each(lambda b: jit.weight_tiles(xcl.reshape(-1), dycl.reshape(-1), blk, geo, *outer, b[0], b[1],
                                             c.address, rt, lanes, obw, chunk_rows),
