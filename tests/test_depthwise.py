@@ -325,6 +325,22 @@ def test_stride_two_data_gradient_straight_from_diff_dst(monkeypatch):
         _check(spec, rng, np.float32)
 
 
+def test_stride_two_row_order_is_one_in_lane_shuffle():
+    """The stride-2 row reads put output ``_s2_order(V)[p]`` in lane ``p``: a permutation of
+    the outputs whose even (odd) cells each lane takes from the same 128-bit lane of the
+    two loads (so one ``vshufps`` per pair of taps), the callers' dy and result shuffles
+    built from the same order."""
+    from convgrad.kernels import _ukernel
+    assert _ukernel._s2_order(8) == [0, 1, 4, 5, 2, 3, 6, 7]
+    for V in (8, 16):
+        order = _ukernel._s2_order(V)
+        assert sorted(order) == list(range(V))
+        evens, odds = (list(map(int, m.replace("i32 ", "").split(", "))) for m in _ukernel._s2_shuffles(V))
+        for p, (e, o) in enumerate(zip(evens, odds)):
+            assert e == 2 * order[p] and o == e + 1
+            assert (e % V) // 4 == p // 4 and (e >= V) == (p % 4 >= 2)      # same 128-bit lane, a then b
+
+
 @needs_numba
 def test_rowdot_micro_kernel_every_variant():
     """The compiled stride-2 weight-gradient family (``_ukernel._rowdot_variant_ir``) against

@@ -95,7 +95,11 @@ UP2_NARGS = 8         # x, w, y, nvec, x_rs, y_rs, lo, hi: see _up2_variant_ir
 # The row weight-gradient and forward families (``_rowdot_variant_ir``,
 # ``_rowfwd_variant_ir``; depthwise rows read in place, stride 1 or 2 along them): up to
 # ROW_R kernel rows of up to ROW_KW taps per call (R*KW accumulators, or broadcast
-# weights); the same ten arguments.
+# weights); the same ten arguments. With stride 2 a pair of taps shares its two loads
+# (``_row_reads_ir``): warm, back to back, 2 threads, on an AMD EPYC Zen 3, us, pairs /
+# a load pair per tap: mobilenet conv2_2/dw (64 x 112^2) weight gradient 247-250 / 341-345,
+# forward 250-252 / 352-355; conv3_2/dw (128 x 56^2) 160-163 / 214-220, 174-175 / 225-226;
+# conv4_2/dw (256 x 28^2) 114-115 / 136, 119-122 / 144.
 ROW_R, ROW_KW = 3, 4
 ROW_NARGS = 10       # x, dy or w, acc or y, npos, nrows, x_rs, x_us, dy_rs or y_rs, lo, hi
 # Software prefetch in the depthwise families (row, stencil, up2), PREFETCH_ROWS rows of
@@ -526,12 +530,15 @@ def _row_reads_ir(a_, R: int, KW: int, S: int, V: int) -> None:
     of the vector, ``%xu``: the row's offset in ``x``): ``%om``, the real outputs
     (``o < npos``), and ``%xs{r}_{k}``, lane ``i`` = ``x[xu + r*x_rs + S*(o0 + i) + k]``
     where ``lo <= S*(o0 + i) + k < hi`` and the output is real, else zero. S = 1: one
-    masked load per tap; S = 2: two masked loads and one two-source shuffle of their even
-    lanes (the odd lanes, other taps' cells, are dropped)."""
+    masked load per tap. S = 2: two masked loads per pair of taps ``(k, k + 1)``, ``k``
+    even (the cells ``S*o + k`` and ``S*o + k + 1`` of one output are neighbours), and an
+    in-lane two-source shuffle each (one ``vshufps``) of their even lanes for tap ``k``
+    and of their odd lanes for ``k + 1``: lane ``i`` then holds output ``_s2_order(V)[i]``,
+    which the callers match (the weight gradient's ``diff_dst`` vector
+    put in that order, the forward's sum put back before its store)."""
     vt, it, mt = f"<{V} x float>", f"<{V} x i32>", f"<{V} x i1>"
     lanes = ", ".join(f"i32 {i}" for i in range(V))
     upper = ", ".join(f"i32 {i + V}" for i in range(V))
-    even = ", ".join(f"i32 {2 * i}" for i in range(V))
     _splat_ir(a_, "%o0", "%o0v", V)
     a_(f"  %oi = add {it} %o0v, <{lanes}>")
     a_(f"  %om = icmp slt {it} %oi, %nposv")
@@ -551,7 +558,8 @@ def _row_reads_ir(a_, R: int, KW: int, S: int, V: int) -> None:
         a_(f"  %pfq{r} = getelementptr float, ptr %x, i64 %pfr{r}")
         for h in range(S):
             _prefetch_ir(a_, f"pfp{r}_{h}", f"%pfq{r}", str(h * V), False)
-    for k in range(KW):
+    starts = range(0, KW, S)            # S = 2: a load pair per pair of taps (k, k + 1)
+    for k in starts:
         a_(f"  %j{k} = add i64 %e0, {k}")
         _splat_ir(a_, f"%j{k}", f"%j{k}v", V)
         for h, _, off in loads:
@@ -560,18 +568,43 @@ def _row_reads_ir(a_, R: int, KW: int, S: int, V: int) -> None:
             a_(f"  %lt{k}{h} = icmp slt {it} %ji{k}{h}, %hiv")
             a_(f"  %in{k}{h}.0 = and {mt} %ge{k}{h}, %lt{k}{h}")
             a_(f"  %in{k}{h} = and {mt} %in{k}{h}.0, %om{h if S == 2 else ''}")
+    evens, odds = _s2_shuffles(V)
     for r in range(R):
         a_(f"  %xr{r}.0 = mul i64 %x_rs, {r}")
         a_(f"  %xr{r} = add i64 %xr{r}.0, %xu")
-        for k in range(KW):
+        for k in starts:
             a_(f"  %xi{r}_{k} = add i64 %xr{r}, %j{k}")
             a_(f"  %xp{r}_{k}a = getelementptr float, ptr %x, i64 %xi{r}_{k}")
             a_(f"  %xp{r}_{k}b = getelementptr float, ptr %xp{r}_{k}a, i64 {V}")
             for h, _, _ in loads:
                 a_(f"  %xl{r}_{k}{h} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %xp{r}_{k}{h}, i32 4, "
                    f"{mt} %in{k}{h}, {vt} zeroinitializer)")
-            second = f"%xl{r}_{k}b" if S == 2 else "poison"
-            a_(f"  %xs{r}_{k} = shufflevector {vt} %xl{r}_{k}a, {vt} {second}, <{V} x i32> <{even if S == 2 else lanes}>")
+            if S == 1:
+                a_(f"  %xs{r}_{k} = shufflevector {vt} %xl{r}_{k}a, {vt} poison, <{V} x i32> <{lanes}>")
+                continue
+            a_(f"  %xs{r}_{k} = shufflevector {vt} %xl{r}_{k}a, {vt} %xl{r}_{k}b, <{V} x i32> <{evens}>")
+            if k + 1 < KW:
+                a_(f"  %xs{r}_{k + 1} = shufflevector {vt} %xl{r}_{k}a, {vt} %xl{r}_{k}b, <{V} x i32> <{odds}>")
+
+
+def _s2_order(V: int) -> list[int]:
+    """The output each lane holds after ``_row_reads_ir``'s stride-2 shuffles: within each
+    128-bit lane of 4, two from the first load's cells then two from the second's (the
+    order of one ``vshufps``), e.g. ``[0, 1, 4, 5, 2, 3, 6, 7]`` for 8 lanes."""
+    return [2 * (p // 4) + p % 2 + (V // 2 if p % 4 >= 2 else 0) for p in range(V)]
+
+
+def _s2_shuffles(V: int) -> tuple[str, str]:
+    """Shuffle masks (two loads ``a``, ``b`` of ``2V`` consecutive cells) of the even and the
+    odd cells in ``_s2_order``: lane ``p`` takes cell ``2 * _s2_order(V)[p]`` (+1)."""
+    cells = [2 * o for o in _s2_order(V)]
+    return (", ".join(f"i32 {c}" for c in cells), ", ".join(f"i32 {c + 1}" for c in cells))
+
+
+def _order_ir(a_, src: str, dst: str, order: list[int], V: int) -> None:
+    """``dst[p] = src[order[p]]``."""
+    idx = ", ".join(f"i32 {i}" for i in order)
+    a_(f"  {dst} = shufflevector <{V} x float> {src}, <{V} x float> poison, <{V} x i32> <{idx}>")
 
 
 def _row_prologue_ir(a_, V: int, exit_label: str) -> None:
@@ -637,7 +670,8 @@ def _rowdot_variant_ir(name: str, R: int, KW: int, V: int, S: int) -> str:
     _row_reads_ir(a_, R, KW, S, V)
     a_("  %di = add i64 %du, %o0")
     a_("  %dp = getelementptr float, ptr %d, i64 %di")
-    a_(f"  %dv = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %dp, i32 4, {mt} %om, {vt} zeroinitializer)")
+    a_(f"  %dv.0 = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %dp, i32 4, {mt} %om, {vt} zeroinitializer)")
+    _order_ir(a_, "%dv.0", "%dv", _s2_order(V) if S == 2 else list(range(V)), V)
     _prefetch_ir(a_, "pfdp", "%dp", "%pfdd", False)
     for r, k in acc:
         a_(f"  %n{r}_{k} = call {vt} @llvm.fma.v{V}f32({vt} %dv, {vt} %xs{r}_{k}, {vt} %c{r}_{k})")
@@ -699,6 +733,10 @@ def _rowfwd_variant_ir(name: str, R: int, KW: int, V: int, S: int) -> str:
         for k in range(KW):
             a_(f"  %c{r}_{k} = call {vt} @llvm.fma.v{V}f32({vt} %wv{r * KW + k}, {vt} %xs{r}_{k}, {vt} {acc})")
             acc = f"%c{r}_{k}"
+    if S == 2:                          # lane o back to output o
+        order = _s2_order(V)
+        _order_ir(a_, acc, "%cy", [order.index(o) for o in range(V)], V)
+        acc = "%cy"
     a_("  %yi = add i64 %yu, %o0")
     a_("  %yp = getelementptr float, ptr %y, i64 %yi")
     _prefetch_ir(a_, "pfy", "%yp", "%pfyd", True)
