@@ -631,7 +631,8 @@ def test_blocked_dispatch_rule_256_bit():
     of multi-tap kernels (weights at most 12x the activations), forwards with at least 16
     input channels, narrow 1x1 weight gradients on the NCX rows, 3-D multi-tap weight
     gradients with 64 or more outputs and at most 256 channels, and 2-D ones with at most
-    128 channels and at least 16 inputs, on images of any size (pure: no host needed)."""
+    128 channels, at least 48 outputs and 8 inputs, on images of any size (pure: no host
+    needed)."""
     def pays(spec):
         return [d for d in dispatch.DIRECTIONS if dispatch.blocked_pays(spec, d, 256)]
 
@@ -651,9 +652,12 @@ def test_blocked_dispatch_rule_256_bit():
     assert pays(resnet) == list(dispatch.DIRECTIONS)                     # 64 -> 64 at 56^2: 2-D weights too
     big_image = _spec(1, 64, 64, 1, (112, 112), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
     wide_2d = _spec(4, 64, 128, 1, (28, 28), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))       # 192 channels
-    few_inputs = _spec(4, 8, 96, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
-    for spec in (wide_2d, few_inputs):
+    few_inputs = _spec(4, 4, 96, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    few_outputs = _spec(8, 32, 32, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    for spec in (wide_2d, few_inputs, few_outputs):
         assert "bwd_weights" not in pays(spec), str(spec)
+    for ic, oc in ((8, 96), (8, 48), (48, 48), (64, 48)):                   # from 8 inputs and 48 outputs
+        assert "bwd_weights" in pays(_spec(4, ic, oc, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))), (ic, oc)
     assert "bwd_weights" in pays(big_image)                                # one 112^2 image
     assert "bwd_weights" in pays(_spec(4, 32, 96, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)))
     assert pays(unet) == pays(unet3) == list(dispatch.DIRECTIONS)               # 32 -> 64, 64 -> 64 channels, 3-D

@@ -592,13 +592,21 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
 #    64 -> 64 224^2 28.2 / 28.0 (taps) 1.0, 32 -> 64 160^2 7.4 / 8.5 0.91; res2a_branch2b
 #    6.7 / 7.6 (taps) 0.88; 2-D with more channels still loses: res3a_branch2b (128 ->
 #    128) 7.3 / 6.8-7.1 (im2col) 1.04-1.09, 256 ch 14^2 8.8 / 6.9, 512 ch 7^2 10.2 / 6.4.
+#    And 2-D ones from BLOCKED_256_2D_WEIGHTS_MIN_OUTPUTS outputs and
+#    BLOCKED_256_2D_WEIGHTS_MIN_INPUTS inputs (were 64 and 16), blocked / the previous choice
+#    (the thin kernel, ``direct``, or im2col), 5-8 rounds: 48 -> 48 ch 56^2 mb4 0.78-0.90
+#    (direct), 28^2 mb8 0.70, 16 -> 48 0.80, 64 -> 48 mb2 0.73 (im2col), 16 -> 48 5x5 64^2
+#    0.93, 8 -> 48 0.89, 8 -> 64 0.84-0.94 (direct), 8 -> 96 0.75 (im2col), 8 -> 128 28^2
+#    0.86-0.94; even: 8 -> 64 on one 112^2 image 1.02, 32 -> 32 ch (1.03, left to the thin
+#    kernel); resnet_50 conv1 (3 inputs, 7x7 stride 2) 1.20 stays on the thin kernel.
 BLOCKED_256_MAX_WEIGHT_RATIO = 12
 BLOCKED_256_MIN_FORWARD_CHANNELS = 16
 BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS = 128
 BLOCKED_256_WEIGHTS_MAX_CHANNELS = 128
 BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS = 256
 BLOCKED_256_WEIGHTS_MIN_OUTPUTS = 64
-BLOCKED_256_2D_WEIGHTS_MIN_INPUTS = 16
+BLOCKED_256_2D_WEIGHTS_MIN_INPUTS = 8
+BLOCKED_256_2D_WEIGHTS_MIN_OUTPUTS = 48
 
 
 def _blocked_rule_256(spec: ConvSpec, direction: str) -> bool:
@@ -609,8 +617,11 @@ def _blocked_rule_256(spec: ConvSpec, direction: str) -> bool:
                 and blocked.pointwise_weights(spec) and _prod(spec.src) >= BLOCKED_POINTWISE_MIN_POSITIONS
                 and spec.icg + spec.ocg <= BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS)
     if direction == "bwd_weights":
-        widest = BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS if spec.nsp == 3 else BLOCKED_256_WEIGHTS_MAX_CHANNELS
-        if spec.ocg < BLOCKED_256_WEIGHTS_MIN_OUTPUTS or spec.icg + spec.ocg > widest:
+        if spec.nsp == 3:
+            widest, fewest = BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS, BLOCKED_256_WEIGHTS_MIN_OUTPUTS
+        else:
+            widest, fewest = BLOCKED_256_WEIGHTS_MAX_CHANNELS, BLOCKED_256_2D_WEIGHTS_MIN_OUTPUTS
+        if spec.ocg < fewest or spec.icg + spec.ocg > widest:
             return False
         if spec.nsp == 2 and spec.icg < BLOCKED_256_2D_WEIGHTS_MIN_INPUTS:
             return False
