@@ -630,9 +630,9 @@ def test_blocked_dispatch_rule_256_bit():
     """On AVX2 hosts (256-bit vectors) only what was measured to win there: data gradients
     of multi-tap kernels (weights at most 12x the activations), forwards with at least 16
     input channels, narrow 1x1 weight gradients on the NCX rows, 3-D multi-tap weight
-    gradients with 64 or more outputs and at most 256 channels, and 2-D ones with at most
-    128 channels, at least 48 outputs and 8 inputs, on images of any size (pure: no host
-    needed)."""
+    gradients with at least 8 inputs and 16 outputs and at most 256 channels, and 2-D
+    ones with at least 8 inputs and 48 outputs and at most 128 channels, on images of any
+    size (pure: no host needed)."""
     def pays(spec):
         return [d for d in dispatch.DIRECTIONS if dispatch.blocked_pays(spec, d, 256)]
 
@@ -665,7 +665,9 @@ def test_blocked_dispatch_rule_256_bit():
     unet5 = _spec(1, 128, 128, 1, (11, 11, 11), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
     unet6 = _spec(1, 128, 256, 1, (8, 9, 9), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
     assert "bwd_weights" in pays(unet5) and "bwd_weights" not in pays(unet6)    # 256 and 384 channels
-    assert "bwd_weights" not in pays(thin3d)                               # 32 outputs: the thin kernel's
+    assert "bwd_weights" in pays(thin3d)                                   # 3-D: from 16 outputs
+    first3d = _spec(1, 3, 32, 1, (54, 61, 61), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
+    assert "bwd_weights" not in pays(first3d)                              # 3 inputs: below 8
     assert pays(res5) == ["bwd_data"]                                      # the forward's ratio is 4
     assert pays(conv1) == [] and dispatch.blocked_pays(conv1, "fwd", 512)
     assert pays(mobile) == ["bwd_weights"]

@@ -567,14 +567,14 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
 #    5.9 / 4.0, 6.5 / 4.6 against the thin kernel).
 #  - multi-tap 3-D weight gradients with few channels do win: at most
 #    BLOCKED_256_WEIGHTS_MAX_CHANNELS input + output channels and at least
-#    BLOCKED_256_WEIGHTS_MIN_OUTPUTS outputs (fewer are the thin kernel's, which ties or
-#    wins: 32 ch 24^3 10.2 / 10.4, 16 -> 32 ch 40^3 11.7 / 13.2). Measured later (min / median
+#    64 outputs (then: fewer were the thin kernel's, which tied or
+#    won: 32 ch 24^3 10.2 / 10.4, 16 -> 32 ch 40^3 11.7 / 13.2). Measured later (min / median
 #    of 3 x 5 calls, ms, blocked / im2col): 3d_unet conv_2 (32 -> 64) 9.8 / 10.9 and 8.5 /
 #    12.5, conv_3 (64 -> 64) 7.8 / 9.1 and 7.6 / 9.6, 48 -> 64 ch 20^3 mb2 8.8 / 12.9; but
 #    conv_4 (64 -> 128) 6.8 / 6.4 and 8.2 / 6.8, conv_5 - conv_8 (128-512 channels) even or
 #    slower, and 2-D res2a_branch2b (64 -> 64) 11.5 / 11.1.
-#  - and 2-D ones with the same channels and at least BLOCKED_256_2D_WEIGHTS_MIN_INPUTS
-#    input channels per group. Measured on an AMD EPYC Zen 2 (family 23 model 49; SGEMM 175-192 GFLOP/s),
+#  - and 2-D ones with the same channels and at least 16 input channels per group
+#    (then). Measured on an AMD EPYC Zen 2 (family 23 model 49; SGEMM 175-192 GFLOP/s),
 #    2 threads, in-process, blocked / the previous choice interleaved (10 rounds of a 50 ms
 #    pause, 16 MB of other traffic, a warm-up and 3 calls; medians, ms, and the paired
 #    ratio): resnet_50 res2a_branch2b (64 -> 64, 56^2, mb4) 9.00 / 10.77 (im2col) 0.85,
@@ -592,21 +592,26 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
 #    64 -> 64 224^2 28.2 / 28.0 (taps) 1.0, 32 -> 64 160^2 7.4 / 8.5 0.91; res2a_branch2b
 #    6.7 / 7.6 (taps) 0.88; 2-D with more channels still loses: res3a_branch2b (128 ->
 #    128) 7.3 / 6.8-7.1 (im2col) 1.04-1.09, 256 ch 14^2 8.8 / 6.9, 512 ch 7^2 10.2 / 6.4.
-#    And 2-D ones from BLOCKED_256_2D_WEIGHTS_MIN_OUTPUTS outputs and
-#    BLOCKED_256_2D_WEIGHTS_MIN_INPUTS inputs (were 64 and 16), blocked / the previous choice
-#    (the thin kernel, ``direct``, or im2col), 5-8 rounds: 48 -> 48 ch 56^2 mb4 0.78-0.90
+#    And from BLOCKED_256_WEIGHTS_MIN_INPUTS inputs and BLOCKED_256_2D_WEIGHTS_MIN_OUTPUTS
+#    (2-D) or BLOCKED_256_3D_WEIGHTS_MIN_OUTPUTS (3-D) outputs per group (were 16 inputs in
+#    2-D, none in 3-D, and 64 outputs), blocked / the previous choice (the thin kernel,
+#    ``direct``, or im2col), 5-8 rounds. 2-D: 48 -> 48 ch 56^2 mb4 0.78-0.90
 #    (direct), 28^2 mb8 0.70, 16 -> 48 0.80, 64 -> 48 mb2 0.73 (im2col), 16 -> 48 5x5 64^2
 #    0.93, 8 -> 48 0.89, 8 -> 64 0.84-0.94 (direct), 8 -> 96 0.75 (im2col), 8 -> 128 28^2
 #    0.86-0.94; even: 8 -> 64 on one 112^2 image 1.02, 32 -> 32 ch (1.03, left to the thin
-#    kernel); resnet_50 conv1 (3 inputs, 7x7 stride 2) 1.20 stays on the thin kernel.
+#    kernel); resnet_50 conv1 (3 inputs, 7x7 stride 2) 1.20 stays on the thin kernel. 3-D
+#    (direct unless said): 32 ch 24^3 0.79-0.89, 16 -> 32 ch 40^3 0.79, 16 ch 32^3 0.82,
+#    32 -> 48 ch 0.94 (direct 1.08 of im2col), 48 ch 20^3 0.72, 8 -> 64 ch 0.83 (im2col); even:
+#    8 -> 32 0.97; lost: 3d_unet conv_1 (3 -> 32) 1.30 and 3 -> 64 ch 40^3 1.14 (im2col),
+#    which had run on blocked before: inputs below 8 now go back to the others.
 BLOCKED_256_MAX_WEIGHT_RATIO = 12
 BLOCKED_256_MIN_FORWARD_CHANNELS = 16
 BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS = 128
 BLOCKED_256_WEIGHTS_MAX_CHANNELS = 128
 BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS = 256
-BLOCKED_256_WEIGHTS_MIN_OUTPUTS = 64
-BLOCKED_256_2D_WEIGHTS_MIN_INPUTS = 8
+BLOCKED_256_WEIGHTS_MIN_INPUTS = 8
 BLOCKED_256_2D_WEIGHTS_MIN_OUTPUTS = 48
+BLOCKED_256_3D_WEIGHTS_MIN_OUTPUTS = 16
 
 
 def _blocked_rule_256(spec: ConvSpec, direction: str) -> bool:
@@ -618,12 +623,10 @@ def _blocked_rule_256(spec: ConvSpec, direction: str) -> bool:
                 and spec.icg + spec.ocg <= BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS)
     if direction == "bwd_weights":
         if spec.nsp == 3:
-            widest, fewest = BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS, BLOCKED_256_WEIGHTS_MIN_OUTPUTS
+            widest, fewest = BLOCKED_256_3D_WEIGHTS_MAX_CHANNELS, BLOCKED_256_3D_WEIGHTS_MIN_OUTPUTS
         else:
             widest, fewest = BLOCKED_256_WEIGHTS_MAX_CHANNELS, BLOCKED_256_2D_WEIGHTS_MIN_OUTPUTS
-        if spec.ocg < fewest or spec.icg + spec.ocg > widest:
-            return False
-        if spec.nsp == 2 and spec.icg < BLOCKED_256_2D_WEIGHTS_MIN_INPUTS:
+        if spec.ocg < fewest or spec.icg < BLOCKED_256_WEIGHTS_MIN_INPUTS or spec.icg + spec.ocg > widest:
             return False
         return spec.nsp >= 2 and _blocked_rule(spec, direction)
     if (direction == "fwd" and spec.icg < BLOCKED_256_MIN_FORWARD_CHANNELS) or blocked.line_spec(spec):
