@@ -565,10 +565,9 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
 #    (64 -> 128) 8.6 / 9.0 is even; 1x1 forwards and data gradients lose to OpenBLAS's
 #    GEMM (res2a_branch2a 11.3 / 9.5, 12.6 / 9.8), as do the 1-D rows (wavenet 32 ch k2
 #    5.9 / 4.0, 6.5 / 4.6 against the thin kernel).
-#  - multi-tap 3-D weight gradients with few channels do win: at most
-#    BLOCKED_256_WEIGHTS_MAX_CHANNELS input + output channels and at least
-#    64 outputs (then: fewer were the thin kernel's, which tied or
-#    won: 32 ch 24^3 10.2 / 10.4, 16 -> 32 ch 40^3 11.7 / 13.2). Measured later (min / median
+#  - multi-tap 3-D weight gradients with few channels do win: the rule was at most 128
+#    input + output channels and at least 64 outputs (fewer were then the thin kernel's,
+#    which tied or won: 32 ch 24^3 10.2 / 10.4, 16 -> 32 ch 40^3 11.7 / 13.2). Measured later (min / median
 #    of 3 x 5 calls, ms, blocked / im2col): 3d_unet conv_2 (32 -> 64) 9.8 / 10.9 and 8.5 /
 #    12.5, conv_3 (64 -> 64) 7.8 / 9.1 and 7.6 / 9.6, 48 -> 64 ch 20^3 mb2 8.8 / 12.9; but
 #    conv_4 (64 -> 128) 6.8 / 6.4 and 8.2 / 6.8, conv_5 - conv_8 (128-512 channels) even or
