@@ -670,8 +670,10 @@ def _rowdot_variant_ir(name: str, R: int, KW: int, V: int, S: int) -> str:
     _row_reads_ir(a_, R, KW, S, V)
     a_("  %di = add i64 %du, %o0")
     a_("  %dp = getelementptr float, ptr %d, i64 %di")
-    a_(f"  %dv.0 = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %dp, i32 4, {mt} %om, {vt} zeroinitializer)")
-    _order_ir(a_, "%dv.0", "%dv", _s2_order(V) if S == 2 else list(range(V)), V)
+    loaded = "%dv.0" if S == 2 else "%dv"
+    a_(f"  {loaded} = call {vt} @llvm.masked.load.v{V}f32.p0(ptr %dp, i32 4, {mt} %om, {vt} zeroinitializer)")
+    if S == 2:                          # in the lane order of the input cells
+        _order_ir(a_, "%dv.0", "%dv", _s2_order(V), V)
     _prefetch_ir(a_, "pfdp", "%dp", "%pfdd", False)
     for r, k in acc:
         a_(f"  %n{r}_{k} = call {vt} @llvm.fma.v{V}f32({vt} %dv, {vt} %xs{r}_{k}, {vt} %c{r}_{k})")

@@ -108,6 +108,7 @@ ROW_CHUNK_BYTES = {256: 64 * 1024, 512: 1024 * 1024}
 
 
 def _row_chunk_bytes() -> int:
+    """``ROW_CHUNK_BYTES`` for this host's vector width (512 where the kernel is unavailable)."""
     return ROW_CHUNK_BYTES[vector_bits() or 512]
 # The streamed weight gradient (``_weight_parts``) cuts the output rows into this many
 # parts (fixed: the parts' partial sums are added in order, so results do not depend on
@@ -531,12 +532,13 @@ def _weight_parts(spec: ConvSpec) -> tuple[int, int, int, int]:
     out_bytes = 4 * spec.groups * ogp                        # per position: diff_dst, and
     in_bytes = 4 * spec.ic * max(1, math.prod(spec.strides[:-1])) * sw       # its inputs
     row_bytes = wout * (out_bytes + in_bytes) + 4 * spec.ic * halo
-    if row_bytes <= _row_chunk_bytes():
+    chunk = _row_chunk_bytes()
+    if row_bytes <= chunk:
         nseg, seg = 1, wout
-        chunk_rows = max(1, min(-(-nrows // nparts), _row_chunk_bytes() // row_bytes))
+        chunk_rows = max(1, min(-(-nrows // nparts), chunk // row_bytes))
     else:
         in_bytes = 4 * spec.ic * max(1, math.prod(spec.kernel[:-1])) * sw    # one row: every outer tap
-        seg = max(lanes, _row_chunk_bytes() // (out_bytes + in_bytes) // lanes * lanes)
+        seg = max(lanes, chunk // (out_bytes + in_bytes) // lanes * lanes)
         nseg, chunk_rows = -(-wout // seg), 1
     if nrows * nseg < nparts:
         return 0, 0, 0, 0
