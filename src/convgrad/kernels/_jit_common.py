@@ -138,6 +138,20 @@ def _prefetch(typingctx, addr):
 
 
 @intrinsic
+def _prefetch_write(typingctx, addr):
+    """``_prefetch`` of a line about to be written (``llvm.prefetch`` with write intent:
+    ``prefetchw`` where the CPU has it)."""
+    def codegen(context, builder, signature, args):
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [builder.inttoptr(args[0], i8p), i32(1), i32(3), i32(1)])
+        return context.get_dummy_value()
+    return types.void(types.int64), codegen
+
+
+@intrinsic
 def _up2(typingctx, addr, key, x, w, y, nvec, x_rs, y_rs, lo, hi):
     """``up2(key, x, w, y, nvec, x_rs, y_rs, lo, hi)`` at ``addr`` (``_ukernel._up2_variant_ir``;
     ``key`` from ``_ukernel.up2_key``)."""
