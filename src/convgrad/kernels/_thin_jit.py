@@ -144,37 +144,59 @@ _registers = stack_registers(OB * R)     # the register tile (``_jit_common``)
 # spread evenly over the tile's steps. Each channel's cells of a tile are one range of
 # its plane (``_plane_at``), so ``pf`` holds per stream: [first address, lines per
 # channel, channel stride in bytes, lines per step, cursor: line, cursor: channel,
-# channels]; the output stream follows at PF_LEN. Measured on the Zen 3 host
+# channels, write intent]; the output stream follows at PF_LEN. Measured on the Zen 3 host
 # (alternating processes, the least of 30 calls, ms, new / old): one thread, that data
 # gradient 13.0-13.1 / 14.8-15.3, its forward 12.8-12.9 / 15.3-15.6, wavenet conv1d_7's
 # forward 5.1-5.2 / 5.5-5.8; two threads 6.7-7.0 / 7.8-8.2, 7.0-7.2 / 8.0-8.4, and a 3-D
-# forward (32 channels 24^3) 6.9-7.2 / 7.4-8.1. Prefetches never fault and change no
-# result, so the ranges may be approximate (a tile across two images stops at the first).
-PF_LEN = 7
+# forward (32 channels 24^3) 6.9-7.2 / 7.4-8.1. The weight gradient's tiles prefetch the
+# next tile's input and diff_dst cells the same way, one step per term triple of
+# ``_wtile``: one thread, the grouped layer's 15.6-15.9 / 16.1, the 3-D one's 12.8-13.1 /
+# 13.3-13.7; two threads 8.4-8.8 / 9.0-9.1 (wavenet conv1d_9's alike). Prefetches never
+# fault and change no result, so the ranges may be approximate (a tile across two images
+# stops at the first).
+PF_LEN = 8
 
 
 @njit(nogil=True, cache=True, inline="always")
 def _prefetch_some(pf):
-    line, ch = pf[4], pf[5]
-    for _ in range(pf[3]):
-        if ch >= pf[6]:
-            break
-        _prefetch(pf[0] + pf[2] * ch + 64 * line)
-        line += 1
-        if line == pf[1]:
-            line = 0
-            ch += 1
-    pf[4], pf[5] = line, ch
-    line, ch = pf[PF_LEN + 4], pf[PF_LEN + 5]
-    for _ in range(pf[PF_LEN + 3]):
-        if ch >= pf[PF_LEN + 6]:
-            break
-        _prefetch_write(pf[PF_LEN] + pf[PF_LEN + 2] * ch + 64 * line)
-        line += 1
-        if line == pf[PF_LEN + 1]:
-            line = 0
-            ch += 1
-    pf[PF_LEN + 4], pf[PF_LEN + 5] = line, ch
+    """The next lines of both streams of ``pf`` (at most ``lines per step`` of each)."""
+    for k in range(0, 2 * PF_LEN, PF_LEN):
+        line, ch = pf[k + 4], pf[k + 5]
+        for _ in range(pf[k + 3]):
+            if ch >= pf[k + 6]:
+                break
+            if pf[k + 7]:
+                _prefetch_write(pf[k] + pf[k + 2] * ch + 64 * line)
+            else:
+                _prefetch(pf[k] + pf[k + 2] * ch + 64 * line)
+            line += 1
+            if line == pf[k + 1]:
+                line = 0
+                ch += 1
+        pf[k + 4], pf[k + 5] = line, ch
+
+
+@njit(nogil=True, cache=True)
+def _stream(pf, k, arr, ch0, nch, f0, f1, q0, q1, q2, pads, steps, write):
+    """Set stream ``k`` of ``pf`` to the lines of ``arr`` (N, C, D, H, W) that hold the
+    cells ``[f0, f1)`` of the flat padded grids (pads ``pads`` in front on each axis) of
+    channels ``ch0 .. ch0 + nch``, spread over ``steps`` steps (none when empty)."""
+    pf[k + 4], pf[k + 5], pf[k + 6] = 0, 0, 0
+    if f1 <= f0 or steps <= 0:
+        return
+    d_in, h_in, w_in = arr.shape[2], arr.shape[3], arr.shape[4]
+    plane = d_in * h_in * w_in
+    e0, m0 = _plane_at(f0, q0, q1, q2, pads[0], pads[1], pads[2], d_in, h_in, w_in)
+    e1, m1 = _plane_at(f1 - 1, q0, q1, q2, pads[0], pads[1], pads[2], d_in, h_in, w_in)
+    e1 = e1 + 1 if m1 == m0 else plane
+    if e1 <= e0:
+        return
+    pf[k] = arr.ctypes.data + arr.itemsize * ((m0 * arr.shape[1] + ch0) * plane + e0)
+    pf[k + 1] = (arr.itemsize * (e1 - e0) + 63) // 64 + 1
+    pf[k + 2] = arr.itemsize * plane
+    pf[k + 3] = (nch * pf[k + 1] + steps - 1) // steps
+    pf[k + 6] = nch
+    pf[k + 7] = write
 
 
 @njit(**JIT)
@@ -355,9 +377,7 @@ def forward(x, w, y, geo, i0, i1, live, pgeo):
     y2 = y.reshape((y.shape[0] * y.shape[1], outs0 * outs1 * outs2))
     rows = q0 == 1 and q1 == 1
     pf = np.zeros(2 * PF_LEN, np.int64)
-    oplane = outs0 * outs1 * outs2
-    d_in, h_in, w_in = x.shape[2], x.shape[3], x.shape[4]
-    plane = d_in * h_in * w_in
+    zeros3 = np.zeros(3, np.int64)
     blocks = (full // OB + (ocg - full + 1) // 2) * ((cg + cch - 1) // cch)
     for item in range(i0, i1):
         ti = item % n_tiles
@@ -369,31 +389,12 @@ def forward(x, w, y, geo, i0, i1, live, pgeo):
             _fill_phases(x, pgeo, g * cg, cg, buf, width, lo, lo + cnt + max_off, q0, q1, q2)
         else:
             _fill(x, g * cg, cg, buf, width, lo, lo + cnt + max_off, q0, q1, q2, p0, p1, p2)
-        pf[4], pf[5], pf[6] = 0, 0, 0
-        if not phases and ti + 1 < n_tiles and item + 1 < i1:
-            # the cells the next tile reads that this one did not: [lo + tile + max_off, f1)
-            f1 = min(span, lo + 2 * tile) + max_off
-            e0, m0 = _plane_at(lo + tile + max_off, q0, q1, q2, p0, p1, p2, d_in, h_in, w_in)
-            e1, m1 = _plane_at(f1 - 1, q0, q1, q2, p0, p1, p2, d_in, h_in, w_in)
-            e1 = e1 + 1 if m1 == m0 else plane
-            if e1 > e0:
-                pf[0] = x.ctypes.data + 4 * ((m0 * x.shape[1] + g * cg) * plane + e0)
-                pf[1] = (4 * (e1 - e0) + 63) // 64 + 1
-                pf[2] = 4 * plane
-                pf[6] = cg
-                pf[3] = (cg * pf[1] + blocks * ((cnt + R - 1) // R) - 1) // (blocks * ((cnt + R - 1) // R))
-        # this tile's outputs: [lo, lo + cnt), written by _scatter (or the blocks) at its end
-        pf[PF_LEN + 4], pf[PF_LEN + 5], pf[PF_LEN + 6] = 0, 0, 0
-        e0, m0 = _plane_at(lo, q0, q1, q2, 0, 0, 0, outs0, outs1, outs2)
-        e1, m1 = _plane_at(lo + cnt - 1, q0, q1, q2, 0, 0, 0, outs0, outs1, outs2)
-        e1 = e1 + 1 if m1 == m0 else oplane
-        if e1 > e0:
-            pf[PF_LEN] = y.ctypes.data + 4 * ((m0 * y.shape[1] + g * ocg) * oplane + e0)
-            pf[PF_LEN + 1] = (4 * (e1 - e0) + 63) // 64 + 1
-            pf[PF_LEN + 2] = 4 * oplane
-            pf[PF_LEN + 6] = ocg
-            steps = blocks * ((cnt + R - 1) // R)
-            pf[PF_LEN + 3] = (ocg * pf[PF_LEN + 1] + steps - 1) // steps
+        steps = blocks * ((cnt + R - 1) // R)
+        # the cells the next tile reads that this one did not; the outputs this tile writes
+        _stream(pf, 0, x, g * cg, cg, lo + tile + max_off,
+                min(span, lo + 2 * tile) + max_off if not phases and ti + 1 < n_tiles and item + 1 < i1 else 0,
+                q0, q1, q2, geo[3:6], steps, 0)
+        _stream(pf, PF_LEN, y, g * ocg, ocg, lo, lo + cnt, q0, q1, q2, zeros3, steps, 1)
         direct = rows and lo + tile <= n * img + outs2
         out = y2 if direct else acc
         row = n * y.shape[1] + g * ocg if direct else 0
@@ -437,7 +438,7 @@ _wregs = stack_registers(WO * WU * L)
 
 
 @njit(**JIT)
-def _wtile(lanes, o, dyb, buf, offs, n):
+def _wtile(lanes, o, dyb, buf, offs, n, pf):
     """lanes[o + i, u, l] += dyb[o + i, p] * buf[offs[u] + p] for p = l, l + L, ... < n
     (one addition after the other), for i < WO and every term u, WU terms at a time
     (``n`` a multiple of L). The register tile is loaded from the lane sums and stored back,
@@ -445,6 +446,7 @@ def _wtile(lanes, o, dyb, buf, offs, n):
     y0, y1, y2, y3 = dyb[o], dyb[o + 1], dyb[o + 2], dyb[o + 3]
     l0, l1, l2, l3 = lanes[o], lanes[o + 1], lanes[o + 2], lanes[o + 3]
     for uu in range(0, offs.shape[0], WU):
+        _prefetch_some(pf)
         r = carray(_wregs(buf.dtype), WO * WU * L)
         for j in range(WU):
             a0, a1, a2, a3 = l0[uu + j], l1[uu + j], l2[uu + j], l3[uu + j]
@@ -529,13 +531,22 @@ def backward_weights(x, dy, part, geo, cuts, i0, i1, ocg_pad, n_u_pad, live, pge
     buf = np.zeros(cg * width, x.dtype)
     dyb = np.zeros((ocg_pad, tile), dy.dtype)      # rows past ocg stay zero
     lanes = np.empty((ocg_pad, n_u_pad, L), dy.dtype)
+    pf = np.zeros(2 * PF_LEN, np.int64)
+    zeros3 = np.zeros(3, np.int64)
+    steps = (ocg_pad // WO) * (n_u_pad // WU)     # _prefetch_some calls per tile
     for item in range(i0, i1):
         g = item // n_chunks
         ch = item % n_chunks
         lanes[:] = 0
-        for lo in range(cuts[ch], min(cuts[ch + 1], span), tile):
-            cnt = min(tile, min(cuts[ch + 1], span) - lo)
+        end = min(cuts[ch + 1], span)
+        for lo in range(cuts[ch], end, tile):
+            cnt = min(tile, end - lo)
             cnt_l = (cnt + L - 1) // L * L
+            # the next tile's input cells that this one does not read, and its diff_dst cells
+            nxt = min(end, lo + 2 * tile) if lo + tile < end else 0
+            _stream(pf, 0, x, g * cg, cg, lo + tile + max_off, nxt + max_off if nxt and not phases else 0,
+                    q0, q1, q2, geo[3:6], steps, 0)
+            _stream(pf, PF_LEN, dy, g * ocg, ocg, lo + tile, nxt, q0, q1, q2, zeros3, steps, 0)
             if phases:
                 _fill_phases(x, pgeo, g * cg, cg, buf, width, lo, lo + cnt + max_off, q0, q1, q2)
             else:
@@ -549,7 +560,7 @@ def backward_weights(x, dy, part, geo, cuts, i0, i1, ocg_pad, n_u_pad, live, pge
                 for j in range(cnt + max_off, cnt_l + max_off):
                     buf[c * width + j] = 0
             for o in range(0, ocg_pad, WO):
-                _wtile(lanes, o, dyb, buf, offs, cnt_l)
+                _wtile(lanes, o, dyb, buf, offs, cnt_l, pf)
         _fold(part[ch, g], lanes)
 
 
