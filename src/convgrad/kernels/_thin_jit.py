@@ -151,7 +151,11 @@ _registers = stack_registers(OB * R)     # the register tile (``_jit_common``)
 # forward (32 channels 24^3) 6.9-7.2 / 7.4-8.1. The weight gradient's tiles prefetch the
 # next tile's input and diff_dst cells the same way, one step per term triple of
 # ``_wtile``: one thread, the grouped layer's 15.6-15.9 / 16.1, the 3-D one's 12.8-13.1 /
-# 13.3-13.7; two threads 8.4-8.8 / 9.0-9.1 (wavenet conv1d_9's alike). Prefetches never
+# 13.3-13.7; two threads 8.4-8.8 / 9.0-9.1 (wavenet conv1d_9's alike). A phase problem
+# (stride 2 and more) prefetches the rows of its own input that the next tile's phase
+# cells read: resnet_50 conv1 (mb4, 7x7 stride 2), one thread, forward 12.2-12.3 /
+# 12.5-13.0, weight gradient 14.5-14.7 / 16.1; two threads 6.5-6.7 / 6.8-7.9 and 8.1-8.5
+# / 8.5-8.6. Prefetches never
 # fault and change no result, so the ranges may be approximate (a tile across two images
 # stops at the first).
 PF_LEN = 8
@@ -177,17 +181,18 @@ def _prefetch_some(pf):
 
 
 @njit(nogil=True, cache=True)
-def _stream(pf, k, arr, ch0, nch, f0, f1, q0, q1, q2, pads, steps, write):
+def _stream(pf, k, arr, ch0, nch, f0, f1, q0, q1, q2, pads, strides, steps, write):
     """Set stream ``k`` of ``pf`` to the lines of ``arr`` (N, C, D, H, W) that hold the
-    cells ``[f0, f1)`` of the flat padded grids (pads ``pads`` in front on each axis) of
-    channels ``ch0 .. ch0 + nch``, spread over ``steps`` steps (none when empty)."""
+    cells ``[f0, f1)`` of the flat padded grids (``_plane_at``: pads ``pads`` in front on
+    each axis, cells ``strides`` apart) of channels ``ch0 .. ch0 + nch``, spread over
+    ``steps`` steps (none when empty)."""
     pf[k + 4], pf[k + 5], pf[k + 6] = 0, 0, 0
     if f1 <= f0 or steps <= 0:
         return
     d_in, h_in, w_in = arr.shape[2], arr.shape[3], arr.shape[4]
     plane = d_in * h_in * w_in
-    e0, m0 = _plane_at(f0, q0, q1, q2, pads[0], pads[1], pads[2], d_in, h_in, w_in)
-    e1, m1 = _plane_at(f1 - 1, q0, q1, q2, pads[0], pads[1], pads[2], d_in, h_in, w_in)
+    e0, m0 = _plane_at(f0, q0, q1, q2, pads, strides, False, d_in, h_in, w_in)
+    e1, m1 = _plane_at(f1 - 1, q0, q1, q2, pads, strides, True, d_in, h_in, w_in)
     e1 = e1 + 1 if m1 == m0 else plane
     if e1 <= e0:
         return
@@ -320,11 +325,16 @@ def _offsets(cg, geo, q1, q2, width, n_pad, live):
 
 
 @njit(nogil=True, cache=True)
-def _plane_at(f, q0, q1, q2, p0, p1, p2, d_in, h_in, w_in):
-    """(element offset in its channel's plane, image) of the input cell nearest flat padded
-    cell ``f`` at or after it (the plane's ends for cells in the padding around it)."""
+def _plane_at(f, q0, q1, q2, pads, strides, end, d_in, h_in, w_in):
+    """(element offset in its channel's plane, image) of the input cell that flat padded
+    cell ``f`` reads (cell ``s*j - p`` per axis; with ``end``, the last of the ``s`` cells
+    of its stride phases, ``s*j + s - 1 - p``), or the nearest one after it where that
+    lies in the padding (the plane's ends around it)."""
     n, a, b, col = _cell(f, q0, q1, q2)
-    i_d, i_h, i_w = a - p0, b - p1, min(max(col - p2, 0), w_in)
+    e = 1 if end else 0
+    i_d = strides[0] * a + (strides[0] - 1) * e - pads[0]
+    i_h = strides[1] * b + (strides[1] - 1) * e - pads[1]
+    i_w = min(max(strides[2] * col + (strides[2] - 1) * e - pads[2], 0), w_in)
     if i_d < 0 or (i_d == 0 and i_h < 0):
         return 0, n
     if i_d >= d_in:
@@ -377,7 +387,11 @@ def forward(x, w, y, geo, i0, i1, live, pgeo):
     y2 = y.reshape((y.shape[0] * y.shape[1], outs0 * outs1 * outs2))
     rows = q0 == 1 and q1 == 1
     pf = np.zeros(2 * PF_LEN, np.int64)
-    zeros3 = np.zeros(3, np.int64)
+    zeros3, ones3 = np.zeros(3, np.int64), np.ones(3, np.int64)
+    # the input cells a flat cell reads: phase cells stride apart (pads pb), else padded cells
+    xstrides = pgeo[0:3].copy() if phases else ones3
+    xpads = pgeo[3:6].copy() if phases else geo[3:6].copy()
+    xcg = x.shape[1] // n_groups        # channels of ``x`` per group (a phase problem's real ones)
     blocks = (full // OB + (ocg - full + 1) // 2) * ((cg + cch - 1) // cch)
     for item in range(i0, i1):
         ti = item % n_tiles
@@ -391,10 +405,10 @@ def forward(x, w, y, geo, i0, i1, live, pgeo):
             _fill(x, g * cg, cg, buf, width, lo, lo + cnt + max_off, q0, q1, q2, p0, p1, p2)
         steps = blocks * ((cnt + R - 1) // R)
         # the cells the next tile reads that this one did not; the outputs this tile writes
-        _stream(pf, 0, x, g * cg, cg, lo + tile + max_off,
-                min(span, lo + 2 * tile) + max_off if not phases and ti + 1 < n_tiles and item + 1 < i1 else 0,
-                q0, q1, q2, geo[3:6], steps, 0)
-        _stream(pf, PF_LEN, y, g * ocg, ocg, lo, lo + cnt, q0, q1, q2, zeros3, steps, 1)
+        _stream(pf, 0, x, g * xcg, xcg, lo + tile + max_off,
+                min(span, lo + 2 * tile) + max_off if ti + 1 < n_tiles and item + 1 < i1 else 0,
+                q0, q1, q2, xpads, xstrides, steps, 0)
+        _stream(pf, PF_LEN, y, g * ocg, ocg, lo, lo + cnt, q0, q1, q2, zeros3, ones3, steps, 1)
         direct = rows and lo + tile <= n * img + outs2
         out = y2 if direct else acc
         row = n * y.shape[1] + g * ocg if direct else 0
@@ -532,7 +546,10 @@ def backward_weights(x, dy, part, geo, cuts, i0, i1, ocg_pad, n_u_pad, live, pge
     dyb = np.zeros((ocg_pad, tile), dy.dtype)      # rows past ocg stay zero
     lanes = np.empty((ocg_pad, n_u_pad, L), dy.dtype)
     pf = np.zeros(2 * PF_LEN, np.int64)
-    zeros3 = np.zeros(3, np.int64)
+    zeros3, ones3 = np.zeros(3, np.int64), np.ones(3, np.int64)
+    xstrides = pgeo[0:3].copy() if phases else ones3      # as in ``forward``
+    xpads = pgeo[3:6].copy() if phases else geo[3:6].copy()
+    xcg = x.shape[1] // n_groups
     steps = (ocg_pad // WO) * (n_u_pad // WU)     # _prefetch_some calls per tile
     for item in range(i0, i1):
         g = item // n_chunks
@@ -544,9 +561,9 @@ def backward_weights(x, dy, part, geo, cuts, i0, i1, ocg_pad, n_u_pad, live, pge
             cnt_l = (cnt + L - 1) // L * L
             # the next tile's input cells that this one does not read, and its diff_dst cells
             nxt = min(end, lo + 2 * tile) if lo + tile < end else 0
-            _stream(pf, 0, x, g * cg, cg, lo + tile + max_off, nxt + max_off if nxt and not phases else 0,
-                    q0, q1, q2, geo[3:6], steps, 0)
-            _stream(pf, PF_LEN, dy, g * ocg, ocg, lo + tile, nxt, q0, q1, q2, zeros3, steps, 0)
+            _stream(pf, 0, x, g * xcg, xcg, lo + tile + max_off, nxt + max_off if nxt else 0,
+                    q0, q1, q2, xpads, xstrides, steps, 0)
+            _stream(pf, PF_LEN, dy, g * ocg, ocg, lo + tile, nxt, q0, q1, q2, zeros3, ones3, steps, 0)
             if phases:
                 _fill_phases(x, pgeo, g * cg, cg, buf, width, lo, lo + cnt + max_off, q0, q1, q2)
             else:
