@@ -525,3 +525,30 @@ def test_strided_first_layers_dispatch_to_phases(without_blocked):
         for d in dispatch.DIRECTIONS:
             assert cg.choose_algorithm(spec, d) in ("taps", "im2col"), (str(spec), d)
     assert thin.phase_spec(dilated) is None
+
+
+@pytest.mark.parametrize("strides, pads", [((1, 1, 1), (1, 0, 2)), ((2, 2, 2), (1, 2, 0)), ((1, 3, 2), (0, 1, 1))])
+def test_prefetch_ranges_name_the_cells_the_tiles_read(strides, pads):
+    """``_plane_at`` (the prefetch streams' ranges, which change no result and so no other
+    test sees): every flat cell of the padded (or phase) grids whose first and last input
+    cells lie in the image maps to exactly their offsets in the channel's plane and to its
+    image, and cells in the padding map to the nearest offset after them, never backwards
+    within an image and never outside ``[0, plane]``."""
+    jit = thin._jit()
+    d_in, h_in, w_in = 5, 7, 9
+    q = tuple(-(-(i + 2 * p) // s) + 1 for i, p, s in zip((d_in, h_in, w_in), pads, strides))
+    st, pd = np.array(strides, dtype=np.int64), np.array(pads, dtype=np.int64)
+    plane = d_in * h_in * w_in
+    for n in range(2):
+        last = 0
+        for cell in np.ndindex(*q):
+            f = ((n * q[0] + cell[0]) * q[1] + cell[1]) * q[2] + cell[2]
+            for end in (False, True):
+                off, img = jit._plane_at(f, q[0], q[1], q[2], pd, st, end, d_in, h_in, w_in)
+                assert img == n and 0 <= off <= plane, (cell, end)
+                idx = [s * j + (s - 1) * end - p for j, s, p in zip(cell, strides, pads)]
+                if all(0 <= i < size for i, size in zip(idx, (d_in, h_in, w_in))):
+                    assert off == (idx[0] * h_in + idx[1]) * w_in + idx[2], (cell, end)
+                if not end:
+                    assert off >= last, cell
+                    last = off

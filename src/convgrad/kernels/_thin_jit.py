@@ -339,8 +339,10 @@ def _plane_at(f, q0, q1, q2, pads, strides, end, d_in, h_in, w_in):
         return 0, n
     if i_d >= d_in:
         return d_in * h_in * w_in, n
+    if i_h < 0 or i_h >= h_in:          # a padding row: the start of the next real row
+        i_w = 0
     i_h = min(max(i_h, 0), h_in)
-    return (i_d * h_in + i_h) * w_in + (i_w if i_h < h_in else 0), n
+    return (i_d * h_in + i_h) * w_in + i_w, n
 
 
 @njit(nogil=True, cache=True)
