@@ -123,32 +123,30 @@ def _transpose(typingctx, addr, src, src_rs, dst, dst_rs, nr, nc, sl):
     return _indirect_call(7)
 
 
-@intrinsic
-def _prefetch(typingctx, addr):
-    """Ask for the cache line at address ``addr`` ahead of its use (``llvm.prefetch``:
-    a read, kept in every cache level; a hint that never faults)."""
+def _prefetch_codegen(write: int):
+    """``(signature, codegen)`` of ``llvm.prefetch`` of the line at an address (kept in
+    every cache level; ``write`` 1: with write intent, ``prefetchw`` where the CPU has it)."""
     def codegen(context, builder, signature, args):
         i8p = ir.IntType(8).as_pointer()
         i32 = ir.IntType(32)
         fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
         fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [builder.inttoptr(args[0], i8p), i32(0), i32(3), i32(1)])
+        builder.call(fn, [builder.inttoptr(args[0], i8p), i32(write), i32(3), i32(1)])
         return context.get_dummy_value()
     return types.void(types.int64), codegen
+
+
+@intrinsic
+def _prefetch(typingctx, addr):
+    """Ask for the cache line at address ``addr`` ahead of its use (a read; a hint that
+    never faults)."""
+    return _prefetch_codegen(0)
 
 
 @intrinsic
 def _prefetch_write(typingctx, addr):
-    """``_prefetch`` of a line about to be written (``llvm.prefetch`` with write intent:
-    ``prefetchw`` where the CPU has it)."""
-    def codegen(context, builder, signature, args):
-        i8p = ir.IntType(8).as_pointer()
-        i32 = ir.IntType(32)
-        fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
-        builder.call(fn, [builder.inttoptr(args[0], i8p), i32(1), i32(3), i32(1)])
-        return context.get_dummy_value()
-    return types.void(types.int64), codegen
+    """``_prefetch`` of a line about to be written."""
+    return _prefetch_codegen(1)
 
 
 @intrinsic
