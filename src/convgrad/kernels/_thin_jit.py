@@ -56,6 +56,12 @@ def _cell(f, q0, q1, q2):
     return na // q0, na % q0, row % q1, f % q2
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _row(arr, n, c, a, b):
+    """Flat index of ``arr[n, c, a, b, 0]`` (``arr`` (N, C, D, H, W), C-contiguous)."""
+    return (((n * arr.shape[1] + c) * arr.shape[2] + a) * arr.shape[3] + b) * arr.shape[4]
+
+
 @njit(nogil=True, cache=True)
 def _fill(x, c_lo, cg, buf, width, lo, hi, q0, q1, q2, p0, p1, p2):
     """buf[c*width + f - lo] = xpad_flat[n, c_lo + c, ...][f] for lo <= f < hi, c < cg, where
@@ -86,8 +92,7 @@ def _fill(x, c_lo, cg, buf, width, lo, hi, q0, q1, q2, p0, p1, p2):
             for j in range(first):
                 buf[out + j] = 0
             if last > first:
-                copy_elems(buf, out + first, x, (((n * x.shape[1] + c_lo + c) * d_in + i_d) * h_in + i_h) * w_in
-                           + col + first - p2, last - first)
+                copy_elems(buf, out + first, x, _row(x, n, c_lo + c, i_d, i_h) + col + first - p2, last - first)
             for j in range(last, cnt):
                 buf[out + j] = 0
         f = end
@@ -155,9 +160,8 @@ _registers = stack_registers(OB * R)     # the register tile (``_jit_common``)
 # (stride 2 and more) prefetches the rows of its own input that the next tile's phase
 # cells read: resnet_50 conv1 (mb4, 7x7 stride 2), one thread, forward 12.2-12.3 /
 # 12.5-13.0, weight gradient 14.5-14.7 / 16.1; two threads 6.5-6.7 / 6.8-7.9 and 8.1-8.5
-# / 8.5-8.6. Prefetches never
-# fault and change no result, so the ranges may be approximate (a tile across two images
-# stops at the first).
+# / 8.5-8.6. Prefetches never fault and change no result, so the ranges may be
+# approximate (a tile across two images stops at the first).
 PF_LEN = 8
 
 
@@ -291,8 +295,7 @@ def _scatter(y, o_lo, ocg, acc, lo, cnt, q0, q1, q2, outs0, outs1, outs2):
         if a < outs0 and b < outs1 and col < outs2:
             stop = min(end - f, outs2 - col)
             for o in range(ocg):
-                copy_elems(y, (((n * y.shape[1] + o_lo + o) * outs0 + a) * outs1 + b) * outs2 + col,
-                           acc, o * acc.shape[1] + f - lo, stop)
+                copy_elems(y, _row(y, n, o_lo + o, a, b) + col, acc, o * acc.shape[1] + f - lo, stop)
         f = end
 
 
@@ -322,6 +325,16 @@ def _offsets(cg, geo, q1, q2, width, n_pad, live):
     for v in range(live.shape[0], n_pad):
         offs[v] = offs[live.shape[0] - 1]
     return offs
+
+
+@njit(nogil=True, cache=True)
+def _input_cells(x, geo, pgeo, n_groups):
+    """(strides, pads, channels per group) of the input cells a flat cell reads, for
+    ``_stream``: a phase problem's phase cells are stride apart in its own input ``x``
+    (pads ``pb``, its real channels), other problems' cells are ``x``'s padded cells."""
+    if pgeo.shape[0] > 0:
+        return pgeo[0:3].copy(), pgeo[3:6].copy(), x.shape[1] // n_groups
+    return np.ones(3, np.int64), geo[3:6].copy(), x.shape[1] // n_groups
 
 
 @njit(nogil=True, cache=True)
@@ -390,10 +403,7 @@ def forward(x, w, y, geo, i0, i1, live, pgeo):
     rows = q0 == 1 and q1 == 1
     pf = np.zeros(2 * PF_LEN, np.int64)
     zeros3, ones3 = np.zeros(3, np.int64), np.ones(3, np.int64)
-    # the input cells a flat cell reads: phase cells stride apart (pads pb), else padded cells
-    xstrides = pgeo[0:3].copy() if phases else ones3
-    xpads = pgeo[3:6].copy() if phases else geo[3:6].copy()
-    xcg = x.shape[1] // n_groups        # channels of ``x`` per group (a phase problem's real ones)
+    xstrides, xpads, xcg = _input_cells(x, geo, pgeo, n_groups)
     blocks = (full // OB + (ocg - full + 1) // 2) * ((cg + cch - 1) // cch)
     for item in range(i0, i1):
         ti = item % n_tiles
@@ -515,7 +525,7 @@ def _gather(dyb, dy, o_lo, ocg, lo, cnt, q0, q1, q2, outs0, outs1, outs2):
         for o in range(ocg):
             out = o * dyb.shape[1] + f - lo
             if stop > 0:
-                copy_elems(dyb, out, dy, (((n * dy.shape[1] + o_lo + o) * outs0 + a) * outs1 + b) * outs2 + col, stop)
+                copy_elems(dyb, out, dy, _row(dy, n, o_lo + o, a, b) + col, stop)
             for j in range(max(stop, 0), end - f):
                 dyb[o, f - lo + j] = 0
         f = end
@@ -549,9 +559,7 @@ def backward_weights(x, dy, part, geo, cuts, i0, i1, ocg_pad, n_u_pad, live, pge
     lanes = np.empty((ocg_pad, n_u_pad, L), dy.dtype)
     pf = np.zeros(2 * PF_LEN, np.int64)
     zeros3, ones3 = np.zeros(3, np.int64), np.ones(3, np.int64)
-    xstrides = pgeo[0:3].copy() if phases else ones3      # as in ``forward``
-    xpads = pgeo[3:6].copy() if phases else geo[3:6].copy()
-    xcg = x.shape[1] // n_groups
+    xstrides, xpads, xcg = _input_cells(x, geo, pgeo, n_groups)
     steps = (ocg_pad // WO) * (n_u_pad // WU)     # _prefetch_some calls per tile
     for item in range(i0, i1):
         g = item // n_chunks
