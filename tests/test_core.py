@@ -641,7 +641,6 @@ def test_pointwise_data_gradient_on_packed_rows_in_channel_chunks(monkeypatch):
     assert gemm.packed_pointwise_chunks(real) == 2 and cg.choose_algorithm(real, "bwd_data") == "taps"
     for other in (_spec(19, 512, 1024, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),      # chunks too narrow
                   _spec(9, 2048, 512, 1, (14, 14), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),     # in place
-                  _spec(9, 2048, 512, 1, (7, 7), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),       # strided
                   _spec(9, 2048, 512, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 1), (0, 0)),       # padded
                   _spec(32, 2048, 5, 1, (1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))):       # one position
         assert gemm.packed_pointwise_chunks(other) == 0, str(other)
@@ -835,6 +834,69 @@ def test_packed_weight_halves_of_strided_and_short_1x1_layers(monkeypatch):
     halves = gemm.position_halves(3, 6)
     assert gemm._packed_weight_halves(spec, x, dy, np.float32, halves, (10 * 9 + 24) * 4 - 1) is None
     assert rel_err(gemm._packed_weight_halves(spec, x, dy, np.float32, halves, (10 * 9 + 24) * 4), want) <= 1e-5
+
+
+def test_strided_1x1_data_gradient_of_short_images_packs_every_image(monkeypatch):
+    """Strided unpadded 1x1 data gradients of fewer than POINTWISE_MIN_ROWS output
+    positions per image pack diff_dst once and run input-channel chunks, each one product
+    over every image spread to the cells it reads, zeros around (a pure rule): strides on
+    some axes, cells past the last read one, groups, 1-D to 3-D, float64, half and
+    non-contiguous inputs match the reference; a recycled result's old contents never
+    leak; the same bits on 1 and 2 threads; without numba, or with a cap too small for the
+    packed rows, the other lowerings run it."""
+    from convgrad.kernels import gemm
+    res5a_branch2a = _spec(19, 1024, 512, 1, (14, 14), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))
+    res5a_branch1 = _spec(4, 1024, 2048, 1, (14, 14), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))
+    for real in (res5a_branch2a, res5a_branch1):
+        assert gemm.packed_pointwise_chunks(real) == 2 and not gemm.strided_1x1_data(real)
+        assert cg.choose_algorithm(real, "bwd_data") == "taps"
+    for other in (_spec(19, 512, 256, 1, (28, 28), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),    # 14x14 outputs
+                  _spec(19, 128, 512, 1, (14, 14), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),    # chunks too narrow
+                  _spec(19, 1024, 512, 1, (14, 14), (1, 1), (2, 2), (1, 1), (1, 1), (0, 0)),   # padded
+                  _spec(2, 64, 64, 1, (14, 14), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))):      # small
+        assert gemm.packed_pointwise_chunks(other) == 0, str(other)
+    monkeypatch.setattr(gemm, "PACKED_STRIDED_MIN_CHANNELS", 2)
+    monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
+    real_result = gemm._result
+
+    def poisoned(shape, dtype, zeroed):                 # old contents of a recycled buffer
+        out, zero = real_result(shape, dtype, zeroed)
+        if not zero:
+            out.fill(np.nan)
+        return out, zero
+
+    monkeypatch.setattr(gemm, "_result", poisoned)
+    taken = []
+    real_packed = gemm._packed_pointwise_data
+    monkeypatch.setattr(gemm, "_packed_pointwise_data", lambda *a: taken.append(real_packed(*a)) or taken[-1])
+    rng = np.random.default_rng(71)
+    for spec in (_spec(3, 5, 4, 1, (9, 12), (1, 1), (2, 3), (1, 1), (0, 0), (0, 0)),            # 5 x 4 outputs
+                 _spec(5, 8, 4, 2, (10, 9), (1, 1), (3, 2), (1, 1), (0, 0), (0, 0)),            # groups, leftovers
+                 _spec(4, 7, 3, 1, (23,), (1,), (3,), (2,), (0,), (0,)),                        # chunks 3 + 4
+                 _spec(3, 4, 6, 1, (3, 9, 8), (1, 1, 1), (1, 2, 3), (1, 1, 1), (0, 0, 0), (0, 0, 0))):
+        assert gemm.packed_pointwise_chunks(spec) == 2, str(spec)
+        taken.clear()
+        dy = rng.standard_normal(spec.dst_shape)
+        w = rng.standard_normal(spec.weights_shape)
+        want = ref.conv_backward_data(spec, dy, w)
+        assert rel_err(cg.conv_backward_data(dy, w, spec.src, algorithm="taps", **_kw(spec)), want) <= 1e-12
+        assert taken and (taken[-1] is not None or gemm._spread() is None), str(spec)
+        f32 = _half_inputs_and_thread_bits(spec, dy[..., ::-1].copy()[..., ::-1], w, "taps")
+        got = cg.conv_backward_data(*f32, spec.src, algorithm="taps", **_kw(spec))
+        assert rel_err(got, want) <= 1e-5, str(spec)
+        dyn = np.asfortranarray(f32[0])                                     # not C-contiguous
+        assert np.array_equal(cg.conv_backward_data(dyn, f32[1], spec.src, algorithm="taps", **_kw(spec)), got)
+    # the packed rows (4 x 60 x 4 bytes) and a chunk's result (2 x 60 x 4) against the cap
+    spec = _spec(3, 4, 4, 1, (8, 9), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))              # 20 output positions
+    dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
+    w = rng.standard_normal(spec.weights_shape).astype(np.float32)
+    want = ref.conv_backward_data(spec, dy.astype(np.float64), w.astype(np.float64))
+    assert real_packed(spec, dy, w, np.float32, 2, 960 + 480 - 1) is None
+    if gemm._spread() is not None:
+        assert rel_err(real_packed(spec, dy, w, np.float32, 2, 960 + 480), want) <= 1e-5
+    monkeypatch.setenv("CONVGRAD_NUMBA", "0")                       # the blocks run it without numba
+    assert gemm._spread() is None and real_packed(spec, dy, w, np.float32, 2, 1 << 30) is None
+    assert rel_err(cg.conv_backward_data(dy, w, spec.src, algorithm="taps", **_kw(spec)), want) <= 1e-5
 
 
 def test_strided_1x1_data_gradient_spreads_each_image(monkeypatch):

@@ -46,7 +46,8 @@ its input channels (``pointwise_weight_columns``). The other 1x1 unpadded weight
 gradients of an odd batch (strided, or 7x7 images) pack the same two halves
 (``packed_weight_halves``). Strided 1x1 data gradients run one product per image on the
 output grid, spread into the image's rows of dsrc by a numba loop that writes each row
-once (``strided_1x1_data``).
+once (``strided_1x1_data``); those of short images (7x7 outputs) pack every image and
+spread the channel chunks' products the same way (``packed_pointwise_chunks``).
 
 ``im2col``: the exact column matrix (no wide rows: best for small images, whose halo
 would waste flops, and for few channels, whose per-tap products are too thin). For output
@@ -1107,33 +1108,54 @@ def pointwise_weight_columns(spec: ConvSpec) -> int:
 # each chunk has at least PACKED_POINTWISE_MIN_CHANNELS. Four chunks: 0.92-1.16.
 PACKED_POINTWISE_CHUNKS = 2
 PACKED_POINTWISE_MIN_CHANNELS = 512
+# Strided 1x1 data gradients (no padding) run the same way, their products on the output
+# grid spread to the cells they read with zeros around them (``spread``, as in
+# ``strided_1x1_data`` below): dX[n, g*Cg + c, s*q] = (W_g^T @ Y_g)[c, n*P + q], zero on
+# every other cell. The blocks had run products of a few images' 49 columns (7x7 outputs).
+# In one process, the two paths alternating (24 rounds of a 0.05 s pause, a warm-up and 3
+# calls), paired median ratios packed / blocks: resnet_50 res5a_branch2a (1024 <- 512,
+# stride 2, mb19) 0.95 / 1.05 on 2 threads, 0.95 on one; res5a_branch1 (mb4) 0.96 / 0.98,
+# 0.94 on one. Images of 14x14 outputs and more lost against ``strided_1x1_data``'s
+# per-image products and keep that path (medians, three alternations of separate
+# processes, 2 threads: res4a_branch2a 0.95-1.22, res4a_branch1 0.98-1.29, res3a_branch2a
+# 1.19-1.28, res3a_branch1 1.03-1.41).
+PACKED_STRIDED_MAX_POSITIONS = POINTWISE_MIN_ROWS
+PACKED_STRIDED_MIN_CHANNELS = 128
 
 
 def packed_pointwise_chunks(spec: ConvSpec) -> int:
-    """Input-channel chunks of a pointwise data gradient on packed rows (pure): 1x1, stride
-    1, no padding, 2 to POINTWISE_MIN_ROWS - 1 positions per image, chunks of at least
-    PACKED_POINTWISE_MIN_CHANNELS channels, a problem large enough for the thread pool; 0
-    where the other lowerings run it."""
-    if not (unit_1x1(spec) and 1 < math.prod(spec.src) < POINTWISE_MIN_ROWS):
+    """Input-channel chunks of a 1x1 unpadded data gradient on packed rows (pure): a problem
+    large enough for the thread pool, and either stride 1 with 2 to POINTWISE_MIN_ROWS - 1
+    positions per image and chunks of at least PACKED_POINTWISE_MIN_CHANNELS channels, or
+    strided (``PACKED_STRIDED_*`` above); 0 where the other lowerings run it."""
+    if not unpadded_1x1(spec) or spec.flops < PARALLEL_FLOPS:
         return 0
-    if spec.flops < PARALLEL_FLOPS or spec.icg < PACKED_POINTWISE_CHUNKS * PACKED_POINTWISE_MIN_CHANNELS:
-        return 0
-    return PACKED_POINTWISE_CHUNKS
+    positions = math.prod(spec.dst)
+    if unit_1x1(spec):
+        fits = 1 < positions < POINTWISE_MIN_ROWS and spec.icg >= PACKED_POINTWISE_CHUNKS * PACKED_POINTWISE_MIN_CHANNELS
+    else:
+        fits = (positions < PACKED_STRIDED_MAX_POSITIONS
+                and spec.icg >= PACKED_POINTWISE_CHUNKS * PACKED_STRIDED_MIN_CHANNELS)
+    return PACKED_POINTWISE_CHUNKS if fits else 0
 
 
 def _packed_pointwise_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, dtype, chunks: int,
                            workspace_limit: int) -> np.ndarray | None:
-    """``packed_pointwise_chunks``' data gradient (derived there), or None when the packed
-    rows and the chunks' results do not fit the workspace cap."""
+    """``packed_pointwise_chunks``' data gradient (derived there and at PACKED_STRIDED_*),
+    or None when the packed rows and the chunks' results do not fit the workspace cap (or a
+    strided problem finds no numba)."""
     g, cg, og, n = spec.groups, spec.icg, spec.ocg, spec.mb
-    rows = n * math.prod(spec.src)
+    positions = math.prod(spec.dst)
+    rows = n * positions
     itemsize = np.dtype(dtype).itemsize
     cuts = _bounds(cg, chunks)
     worst = max(b - a for a, b in zip(cuts, cuts[1:])) * rows * itemsize
     packed_bytes = g * og * rows * itemsize
-    if packed_bytes + worst > workspace_limit:
+    strided = not unit_1x1(spec)
+    jit = _spread() if strided else None
+    if packed_bytes + worst > workspace_limit or (strided and jit is None):
         return None
-    packed = _scratch("b", (g * og, n, rows // n), dtype)          # the calling thread's
+    packed = _scratch("b", (g * og, n, positions), dtype)          # the calling thread's
     _parallel_copy(packed, diff_dst.reshape(n, g * og, -1).swapaxes(0, 1), axis=0)
     packed = packed.reshape(g, og, rows)
     w = weights.reshape(g, og, cg)
@@ -1141,12 +1163,21 @@ def _packed_pointwise_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.nda
         w = w.astype(dtype)
     dsrc, _ = _result(spec.src_shape, dtype, zeroed=False)
     out = dsrc.reshape(n, g, cg, -1)
+    if strided:
+        out = dsrc.reshape(n, g, cg, -1, spec.src[-1])
+        spread_rows = _spread_rows(spec)
 
     def work(item) -> None:
         gi, c0, c1 = item
         z = _scratch("a", (c1 - c0, rows), dtype)
         matmul_into(w[gi, :, c0:c1].T, packed[gi], z, False)
-        out[:, gi, c0:c1] = z.reshape(c1 - c0, n, -1).swapaxes(0, 1)
+        z = z.reshape(c1 - c0, n, positions)
+        if not strided:
+            out[:, gi, c0:c1] = z.swapaxes(0, 1)
+            return
+        for i in range(n):              # image i's products at the cells they read, zeros around
+            jit.spread(z[:, i].reshape(c1 - c0, -1, spec.dst[-1]), out[i, gi, c0:c1], spread_rows,
+                       spec.strides[-1])
 
     items = [(gi, a, b) for gi in range(g) for a, b in zip(cuts, cuts[1:])]
     _run_blocks(work, items, worst, workspace_limit - packed_bytes, (cuts[1], rows, og))
