@@ -195,6 +195,32 @@ def test_end_to_end_run(tmp_path):
     assert "tiny_dw" in (tmp_path / "results.md").read_text()
 
 
+def test_deep_layer_summary_puts_the_peers_beside_convgrad():
+    """The deep ResNet-50 line: convgrad's mean GFLOP/s over the res4*/res5* gradient
+    measurements against the SGEMM rate, each peer's mean over the measurements it ran
+    (OpenVINO has no weight gradient), and the best peer's of each measurement; other
+    layers and the forward do not count. Expected values worked out by hand (2 GFLOP
+    per measurement: rate = 2 / seconds)."""
+    deep = bench.parse_descriptor('mb10ic1000ih10oc1000oh10kh1n"res4x"', list_name="resnet_50")
+    shallow = bench.parse_descriptor('mb10ic1000ih10oc1000oh10kh1n"res2x"', list_name="resnet_50")
+    assert deep.spec.flops == 2 * 10 ** 9
+    rows = [bench.Row(deep, "bwd_weights", times={"convgrad": [0.02], "torch": [0.04], "tensorflow": [0.025]}),
+            bench.Row(deep, "bwd_data", times={"convgrad": [0.025], "torch": [0.02], "openvino": [0.05]}),
+            bench.Row(deep, "fwd", times={"convgrad": [1.0], "torch": [0.001]}),
+            bench.Row(shallow, "bwd_data", times={"convgrad": [1.0], "torch": [0.001]})]
+    got = bench.deep_resnet_rate(rows, 200.0)
+    assert got["cases"] == 2 and got["mean_gflops"] == pytest.approx(90.0) and got["percent"] == pytest.approx(45.0)
+    assert got["min_gflops"] == pytest.approx(80.0)
+    assert got["peers"] == {"torch": (pytest.approx(75.0), 2), "tensorflow": (pytest.approx(80.0), 1),
+                            "openvino": (pytest.approx(40.0), 1)}
+    assert got["best_peer"] == (pytest.approx(90.0), 2)                    # tensorflow 80, torch 100
+    text = bench.render_summary(rows, {"sgemm_gflops": 200.0})
+    assert "convgrad 90.0 GFLOP/s on average (min 80.0) = 45 % of the measured SGEMM rate 200.0" in text
+    assert ("torch 75.0 (38 %); tensorflow 80.0 (40 %, 1 measurements); openvino 40.0 (20 %, 1 measurements); "
+            "the best peer of each measurement 90.0 (45 %)") in text
+    assert bench.deep_resnet_rate(rows[2:], 200.0) is None and bench.deep_resnet_rate(rows, None) is None
+
+
 @pytest.mark.parametrize("form", ["this python", "3.10 form"])
 def test_a_worker_ignores_modules_in_the_current_directory(tmp_path, monkeypatch, form):
     """A worker started from a directory holding files named like modules it imports

@@ -1021,14 +1021,28 @@ def summarize(rows: list[Row]) -> list[dict]:
 
 
 def deep_resnet_rate(rows: list[Row], sgemm: float | None) -> dict | None:
-    """convgrad's GFLOP/s on the deep ResNet-50 layers (res4*, res5*) vs the SGEMM rate."""
+    """convgrad's GFLOP/s on the deep ResNet-50 layers (res4*, res5*) vs the SGEMM rate, and
+    for context each peer's average over the same measurements where it ran (``peers``:
+    library -> (mean GFLOP/s, measurements)) and the best peer's of each measurement
+    (``best_peer``)."""
     sel = [r for r in rows if "resnet_50" in r.problem.list_name and re.search(r"res[45]", r.problem.name)
            and r.direction in ("bwd_weights", "bwd_data") and r.median("convgrad")]
     if not sel or not sgemm:
         return None
-    rates = [r.problem.spec.flops / 1e9 / r.median("convgrad") for r in sel]
+
+    def rate(r: Row, t: float) -> float:
+        return r.problem.spec.flops / 1e9 / t
+
+    rates = [rate(r, r.median("convgrad")) for r in sel]
+    peers = {}
+    for lib in PEERS:
+        theirs = [rate(r, r.median(lib)) for r in sel if r.median(lib)]
+        if theirs:
+            peers[lib] = (float(np.mean(theirs)), len(theirs))
+    best = [rate(r, r.best_peer()[1]) for r in sel if r.best_peer()[1]]
     return {"cases": len(sel), "mean_gflops": float(np.mean(rates)), "min_gflops": float(min(rates)),
-            "sgemm": sgemm, "percent": 100.0 * float(np.mean(rates)) / sgemm}
+            "sgemm": sgemm, "percent": 100.0 * float(np.mean(rates)) / sgemm, "peers": peers,
+            "best_peer": (float(np.mean(best)), len(best)) if best else None}
 
 
 def _result_bytes(spec: ConvSpec, direction: str) -> int:
@@ -1066,6 +1080,15 @@ def render_summary(rows: list[Row], meta: dict) -> str:
         lines.append(f"Deep ResNet-50 layers (res4*, res5*; gradients): convgrad {deep['mean_gflops']:.1f} GFLOP/s "
                      f"on average (min {deep['min_gflops']:.1f}) = {deep['percent']:.0f} % of the measured SGEMM "
                      f"rate {deep['sgemm']:.1f} GFLOP/s ({deep['cases']} measurements).")
+        context = [f"{lib} {g:.1f} ({100.0 * g / deep['sgemm']:.0f} %"
+                   + ("" if n == deep["cases"] else f", {n} measurements") + ")"
+                   for lib, (g, n) in deep["peers"].items()]
+        if deep["best_peer"]:
+            g, n = deep["best_peer"]
+            context.append(f"the best peer of each measurement {g:.1f} ({100.0 * g / deep['sgemm']:.0f} %"
+                           + ("" if n == deep["cases"] else f", {n} measurements") + ")")
+        if context:
+            lines.append(f"The peers on the same layers, GFLOP/s on average: {'; '.join(context)}.")
     return "\n".join(lines)
 
 
