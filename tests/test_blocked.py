@@ -628,8 +628,8 @@ def test_blocked_dispatch_rule(rules_of_a_512_bit_host):
 
 def test_blocked_dispatch_rule_256_bit():
     """On AVX2 hosts (256-bit vectors) only what was measured to win there: data gradients
-    of multi-tap kernels (weights at most 12x the activations), forwards with at least 16
-    input channels, narrow 1x1 weight gradients on the NCX rows, 3-D multi-tap weight
+    and forwards of multi-tap kernels with weights at most 12x the activations (forwards
+    with at least 16 input channels), narrow 1x1 weight gradients on the NCX rows, 3-D multi-tap weight
     gradients with at least 8 inputs and 16 outputs and at most 256 channels, and 2-D
     ones with at least 8 inputs and 48 outputs and at most 128 channels, on images of any
     size (pure: no host needed)."""
@@ -668,7 +668,10 @@ def test_blocked_dispatch_rule_256_bit():
     assert "bwd_weights" in pays(thin3d)                                   # 3-D: from 16 outputs
     first3d = _spec(1, 3, 32, 1, (54, 61, 61), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
     assert "bwd_weights" not in pays(first3d)                              # 3 inputs: below 8
-    assert pays(res5) == ["bwd_data"]                                      # the forward's ratio is 4
+    assert pays(res5) == ["fwd", "bwd_data"]                               # weights up to 12x, forwards too
+    assert not dispatch.blocked_pays(res5, "fwd", 512)                     # (the 512-bit forward's limit is 4x)
+    just_over = _spec(4, 512, 512, 1, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1), (0, 0))        # 13.6x: 6 x 6 outputs
+    assert pays(just_over) == [], dispatch.blocked_pays(just_over, "bwd_data", 512)
     assert pays(conv1) == [] and dispatch.blocked_pays(conv1, "fwd", 512)
     assert pays(mobile) == ["bwd_weights"]
     for spec in (heavy, wide_pointwise, strided, wavenet, narrow):

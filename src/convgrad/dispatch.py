@@ -603,6 +603,14 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
 #    32 -> 48 ch 0.94 (direct 1.08 of im2col), 48 ch 20^3 0.72, 8 -> 64 ch 0.83 (im2col); even:
 #    8 -> 32 0.97; lost: 3d_unet conv_1 (3 -> 32) 1.30 and 3 -> 64 ch 40^3 1.14 (im2col),
 #    which had run on blocked before: inputs below 8 now go back to the others.
+#  - forwards with up to BLOCKED_256_MAX_WEIGHT_RATIO weights per copied element too (were
+#    at most BLOCKED_MAX_WEIGHT_RATIO["fwd"], 4, measured on AVX-512 hosts). Zen 3, in one
+#    process, the two interleaved (20 rounds of a 50 ms pause, 64 MB of other traffic, a
+#    warm-up and 3 calls; medians, ms, and the paired ratio blocked / im2col, two sessions):
+#    3d_unet conv_7 (256 -> 256, 7x8x8, ratio 11) 6.52 / 7.75 0.87 and 6.98 / 8.98 0.81,
+#    conv_6 (128 -> 256, ratio 5.6) 0.99 and 0.90, res5a_branch2b (512 ch 7^2 mb4, 11.8) 0.97
+#    and 0.96, 256 ch 7^2 mb4 (5.9) 0.92, 384 ch 10^2 mb2 (7.7) 0.97; even: 512 ch 14^2 mb1
+#    (11.8) 1.03; beyond it conv_8 (256 -> 512, ratio 28) lost, 10.1 / 6.9 1.47.
 BLOCKED_256_MAX_WEIGHT_RATIO = 12
 BLOCKED_256_MIN_FORWARD_CHANNELS = 16
 BLOCKED_256_POINTWISE_WEIGHTS_MAX_CHANNELS = 128
@@ -630,11 +638,12 @@ def _blocked_rule_256(spec: ConvSpec, direction: str) -> bool:
         return spec.nsp >= 2 and _blocked_rule(spec, direction)
     if (direction == "fwd" and spec.icg < BLOCKED_256_MIN_FORWARD_CHANNELS) or blocked.line_spec(spec):
         return False
-    return _blocked_rule(spec, direction) and _prod(spec.weights_shape) <= BLOCKED_256_MAX_WEIGHT_RATIO * (
-        spec.mb * (spec.ic * _prod(spec.src) + spec.oc * _prod(spec.dst)))
+    return _blocked_rule(spec, direction, BLOCKED_256_MAX_WEIGHT_RATIO)
 
 
-def _blocked_rule(spec: ConvSpec, direction: str) -> bool:
+def _blocked_rule(spec: ConvSpec, direction: str, weight_ratio: float | None = None) -> bool:
+    # weight_ratio: the most weights per copied element (src + dst), in place of
+    # BLOCKED_MAX_WEIGHT_RATIO[direction] (the 256-bit rule's own, for multi-tap kernels)
     if spec.icg < 2 or not blocked.eligible(spec, direction):
         return False
     if direction != "bwd_weights" and blocked.line_spec(spec):
@@ -663,7 +672,8 @@ def _blocked_rule(spec: ConvSpec, direction: str) -> bool:
     macs = spec.flops // 2
     if macs < BLOCKED_MIN_INTENSITY[direction] * (src + dst):
         return False
-    return _prod(spec.weights_shape) <= BLOCKED_MAX_WEIGHT_RATIO[direction] * (src + dst)
+    ratio = BLOCKED_MAX_WEIGHT_RATIO[direction] if weight_ratio is None else weight_ratio
+    return _prod(spec.weights_shape) <= ratio * (src + dst)
 
 
 def check_blocked(op: str, spec: ConvSpec, direction: str, dtype: np.dtype) -> None:
