@@ -899,6 +899,73 @@ def test_strided_1x1_data_gradient_of_short_images_packs_every_image(monkeypatch
     assert rel_err(cg.conv_backward_data(dy, w, spec.src, algorithm="taps", **_kw(spec)), want) <= 1e-5
 
 
+def test_strided_1x1_forward_gathers_each_image(monkeypatch):
+    """Strided unpadded 1x1 forwards of images of at least POINTWISE_MIN_ROWS output
+    positions (the data gradient's pure rule) gather each image's read cells and run its
+    products into its rows of the result: strides on some axes, leftover cells past the
+    last read one, groups, an odd batch's last image in two halves, 1-D to 3-D, float64,
+    half and non-contiguous inputs match the reference; the same bits on 1 and 2
+    threads; a cap too small for one image's cells falls back to the blocks."""
+    from convgrad.kernels import gemm
+    res3a_branch2a = _spec(19, 256, 128, 1, (56, 56), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))
+    assert gemm.strided_1x1_forward(res3a_branch2a) and cg.choose_algorithm(res3a_branch2a, "fwd") == "taps"
+    for other in (_spec(19, 1024, 512, 1, (14, 14), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0)),   # 7x7 outputs
+                  _spec(19, 256, 128, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)),    # stride 1
+                  _spec(19, 256, 128, 1, (56, 56), (1, 1), (2, 2), (1, 1), (1, 0), (0, 0))):   # padded
+        assert not gemm.strided_1x1_forward(other), str(other)
+    assert gemm._image_items(3, 128) == [(0, 0, 128), (1, 0, 128), (2, 0, 64), (2, 64, 128)]
+    assert gemm._image_items(3, 127) == [(0, 0, 127), (1, 0, 127), (2, 0, 127)] and gemm._image_items(1, 127) == []
+    assert gemm._image_items(1, 512) == [(0, 0, 256), (0, 256, 512)]
+    monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
+    monkeypatch.setattr(gemm, "POINTWISE_MIN_ROWS", 4)
+    monkeypatch.setattr(gemm, "POINTWISE_HALF_MIN_CHANNELS", 2)
+    taken = []
+    real = gemm._strided_1x1_forward
+    monkeypatch.setattr(gemm, "_strided_1x1_forward", lambda *a: taken.append(real(*a)) or taken[-1])
+    rng = np.random.default_rng(73)
+    for spec in (_spec(3, 5, 4, 1, (9, 12), (1, 1), (2, 3), (1, 1), (0, 0), (0, 0)),           # last image halved
+                 _spec(5, 6, 8, 2, (10, 9), (1, 1), (3, 2), (1, 1), (0, 0), (0, 0)),           # groups, leftovers
+                 _spec(4, 3, 5, 1, (23,), (1,), (3,), (2,), (0,), (0,)),
+                 _spec(2, 4, 6, 1, (3, 9, 8), (1, 1, 1), (1, 2, 3), (1, 1, 1), (0, 0, 0), (0, 0, 0))):
+        assert gemm.strided_1x1_forward(spec), str(spec)
+        taken.clear()
+        x = rng.standard_normal(spec.src_shape)
+        w = rng.standard_normal(spec.weights_shape)
+        want = ref.conv_forward(spec, x, w)
+        assert rel_err(cg.conv_forward(x, w, algorithm="taps", **_kw(spec)), want) <= 1e-12, str(spec)
+        assert taken == [True], str(spec)
+        x32, w32 = x.astype(np.float32), w.astype(np.float32)
+        got = cg.conv_forward(x32, w32, algorithm="taps", **_kw(spec))
+        assert rel_err(got, want) <= 1e-5, str(spec)
+        xn = np.asfortranarray(x32)                                         # not C-contiguous
+        assert np.array_equal(cg.conv_forward(xn, w32, algorithm="taps", **_kw(spec)), got)
+        half = cg.conv_forward(x.astype(np.float16), w.astype(np.float16), algorithm="taps", **_kw(spec))
+        want16 = ref.conv_forward(spec, x.astype(np.float16).astype(np.float64), w.astype(np.float16).astype(np.float64))
+        assert half.dtype == np.float16 and rel_err(half, want16) <= 1e-2, str(spec)
+        cg.set_num_threads(1)
+        try:
+            one = cg.conv_forward(x32, w32, algorithm="taps", **_kw(spec))
+        finally:
+            cg.set_num_threads(None)
+        assert np.array_equal(one, got), str(spec)
+    spec = _spec(3, 4, 6, 1, (8, 9), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))              # 20 output positions
+    x = rng.standard_normal(spec.src_shape).astype(np.float32)
+    w = rng.standard_normal(spec.weights_shape).astype(np.float32)
+    dst = np.full(spec.dst_shape, 7.0, dtype=np.float32)
+    assert real(spec, x, w, dst, np.float32, 4 * 20 * 4 - 1) is False and np.all(dst == 7.0)
+    assert real(spec, x, w, dst, np.float32, 4 * 20 * 4) is True
+    want = ref.conv_forward(spec, x.astype(np.float64), w.astype(np.float64))
+    assert rel_err(dst, want) <= 1e-5
+    spec = _spec(3, 4, 6, 1, (40, 9), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))             # 100 output positions
+    x = rng.standard_normal(spec.src_shape).astype(np.float32)
+    w = rng.standard_normal(spec.weights_shape).astype(np.float32)
+    taken.clear()
+    with cg.workspace_limit(4 * 100 * 4 - 1):                   # one image's cells do not fit: the blocks
+        got = cg.conv_forward(x, w, algorithm="taps", **_kw(spec))
+    assert taken == [False]
+    assert rel_err(got, ref.conv_forward(spec, x.astype(np.float64), w.astype(np.float64))) <= 1e-5
+
+
 def test_strided_1x1_data_gradient_spreads_each_image(monkeypatch):
     """Strided unpadded 1x1 data gradients of images of at least POINTWISE_MIN_ROWS output
     positions (a pure rule) run image by image, the products spread to the read cells with

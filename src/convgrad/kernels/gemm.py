@@ -47,7 +47,9 @@ gradients of an odd batch (strided, or 7x7 images) pack the same two halves
 (``packed_weight_halves``). Strided 1x1 data gradients run one product per image on the
 output grid, spread into the image's rows of dsrc by a numba loop that writes each row
 once (``strided_1x1_data``); those of short images (7x7 outputs) pack every image and
-spread the channel chunks' products the same way (``packed_pointwise_chunks``).
+spread the channel chunks' products the same way (``packed_pointwise_chunks``). Strided
+1x1 forwards gather each image's read cells and write its products in place
+(``strided_1x1_forward``).
 
 ``im2col``: the exact column matrix (no wide rows: best for small images, whose halo
 would waste flops, and for few channels, whose per-tap products are too thin). For output
@@ -945,10 +947,16 @@ def pointwise_items(spec: ConvSpec, direction: str) -> list[tuple[int, int, int]
     or one image whose halves would be short."""
     if not _in_place_on_pool(spec) or math.prod(spec.src) >= POINTWISE_ITEM_MAX_POSITIONS:
         return []
-    rows = spec.icg if direction == "bwd_data" else spec.ocg
-    items = [(n, 0, rows) for n in range(spec.mb)]
-    if spec.mb % 2 and rows >= 2 * POINTWISE_HALF_MIN_CHANNELS:
-        items[-1:] = [(spec.mb - 1, 0, rows // 2), (spec.mb - 1, rows // 2, rows)]
+    return _image_items(spec.mb, spec.icg if direction == "bwd_data" else spec.ocg)
+
+
+def _image_items(images: int, rows: int) -> list[tuple[int, int, int]]:
+    """(image, first, end) result rows: one item per image, an odd batch's last image as
+    two halves of its ``rows`` when each has POINTWISE_HALF_MIN_CHANNELS (pure); [] for
+    a single item."""
+    items = [(n, 0, rows) for n in range(images)]
+    if images % 2 and rows >= 2 * POINTWISE_HALF_MIN_CHANNELS:
+        items[-1:] = [(images - 1, 0, rows // 2), (images - 1, rows // 2, rows)]
     return items if len(items) > 1 else []
 
 
@@ -1255,6 +1263,50 @@ def _strided_1x1_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray,
 
     _run_blocks(work, list(range(n)), worst, workspace_limit, (cg, pos, og))
     return dsrc
+
+
+# Strided 1x1 forwards (no padding) image by image, the mirror of ``strided_1x1_data``:
+#   Y[n, g*Og + o, q] = sum_c W[g*Og + o, c] X[n, g*Cg + c, s*q] = (W_g @ Xs_n,g)[o, q]
+# with Xs_n the cells image n's outputs read, gathered (one strided NumPy copy) into the
+# thread's buffer right before the image's products, which write its rows of Y in place;
+# items as ``pointwise_items`` (an odd batch's last image as two halves of the output
+# channels, each gathering the image). The ``taps`` blocks had gathered a few images' phase
+# grids into one flat copy, then written the products back through the grid. In one
+# process, the two paths alternating (16 rounds of a 0.05 s pause, a warm-up and 3 calls, 2
+# threads), paired medians, per image / blocks: resnet_50 res3a_branch2a (256 -> 128, 56^2,
+# mb19) 0.87, res4a_branch2a (512 -> 256, 28^2) 0.85, res3a_branch1 (mb4) 0.97,
+# res4a_branch1 0.96. Same rule as the data gradient: images of at least
+# POINTWISE_MIN_ROWS output positions.
+def strided_1x1_forward(spec: ConvSpec) -> bool:
+    """A strided unpadded 1x1 forward that ``_strided_1x1_forward`` runs (pure): the
+    conditions of ``strided_1x1_data``."""
+    return strided_1x1_data(spec)
+
+
+def _strided_1x1_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, dst: np.ndarray, dtype,
+                         workspace_limit: int) -> bool:
+    """``strided_1x1_forward``'s products into ``dst`` (derived above); False, with
+    nothing written, where one image's gathered cells exceed the cap."""
+    g, cg, og = spec.groups, spec.icg, spec.ocg
+    positions = math.prod(spec.dst)
+    worst = spec.ic * positions * np.dtype(dtype).itemsize
+    items = _image_items(spec.mb, og) or [(n, 0, og) for n in range(spec.mb)]
+    if worst > workspace_limit:
+        return False
+    w = _weights(spec, weights, (0, 1, 2, 3), dtype)[..., 0]              # (G, Og, Cg)
+    sampled = src[(slice(None), slice(None)) + tuple(slice(0, o * s, s) for o, s in zip(spec.dst, spec.strides))]
+    out = dst.reshape(spec.mb, g, og, positions)
+
+    def work(item) -> None:
+        n, r0, r1 = item
+        xs = _scratch("a", (spec.ic,) + spec.dst, dtype)
+        xs[...] = sampled[n]
+        xs = xs.reshape(g, cg, positions)
+        for gi in range(g):
+            matmul_into(w[gi, r0:r1], xs[gi], out[n, gi, r0:r1], False)
+
+    _run_blocks(work, items, worst, workspace_limit, (og, positions, cg))
+    return True
 
 
 # One window per image: a kernel exactly the size of the unpadded, undilated image (a
@@ -1633,9 +1685,12 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
         done = _whole_window(spec, "fwd", src, weights, dtype, workspace_limit)
         if done is not None:
             return done
+    dst = results.empty(spec.dst_shape, dtype)
+    if algorithm == "taps" and strided_1x1_forward(spec) and _strided_1x1_forward(spec, src, weights, dst, dtype,
+                                                                                 workspace_limit):
+        return dst
     geom = geometry(spec)
     g, cg, og, t = spec.groups, spec.icg, spec.ocg, len(geom.taps)
-    dst = results.empty(spec.dst_shape, dtype)
     blocks, worst = _plan(geom, "fwd", algorithm, dtype, workspace_limit, rows_target)
     if algorithm == "im2col":
         w_cols = _weights(spec, weights, (0, 1, 2, 3), dtype).reshape(g, og, cg * t)
