@@ -612,6 +612,15 @@ def test_small_pointwise_problems_as_one_product(monkeypatch):
         assert gemm.small_pointwise(spec, "fwd", xs, ws, np.dtype(np.float64)) is None, (str(spec), how)
 
 
+def _one_thread(call):
+    """``call()`` with convgrad on one thread."""
+    cg.set_num_threads(1)
+    try:
+        return call()
+    finally:
+        cg.set_num_threads(None)
+
+
 def _half_inputs_and_thread_bits(spec, dy, w, alg):
     """``alg``'s data gradient of half inputs against the reference (one rounding of each
     input and of the result), and the same bits on 1 and 2 threads in float32; returns
@@ -621,12 +630,7 @@ def _half_inputs_and_thread_bits(spec, dy, w, alg):
     assert half.dtype == np.float16 and rel_err(half, want) <= 1e-2, str(spec)
     f32 = (dy.astype(np.float32), w.astype(np.float32))
     two = cg.conv_backward_data(*f32, spec.src, algorithm=alg, **_kw(spec))
-    cg.set_num_threads(1)
-    try:
-        one = cg.conv_backward_data(*f32, spec.src, algorithm=alg, **_kw(spec))
-    finally:
-        cg.set_num_threads(None)
-    assert np.array_equal(one, two), str(spec)
+    assert np.array_equal(_one_thread(lambda: cg.conv_backward_data(*f32, spec.src, algorithm=alg, **_kw(spec))), two)
     return f32
 
 
@@ -836,6 +840,27 @@ def test_packed_weight_halves_of_strided_and_short_1x1_layers(monkeypatch):
     assert rel_err(gemm._packed_weight_halves(spec, x, dy, np.float32, halves, (10 * 9 + 24) * 4), want) <= 1e-5
 
 
+def _poison_recycled_results(monkeypatch, gemm):
+    """Results that do not come zeroed start as NaN, so a test sees old contents of a
+    recycled buffer that a lowering failed to overwrite."""
+    real_result = gemm._result
+
+    def poisoned(shape, dtype, zeroed):
+        out, zero = real_result(shape, dtype, zeroed)
+        if not zero:
+            out.fill(np.nan)
+        return out, zero
+
+    monkeypatch.setattr(gemm, "_result", poisoned)
+
+
+def _spy(monkeypatch, module, name):
+    """Record what ``module.name`` returns at each call: (the records, the real function)."""
+    taken, real = [], getattr(module, name)
+    monkeypatch.setattr(module, name, lambda *a: taken.append(real(*a)) or taken[-1])
+    return taken, real
+
+
 def test_strided_1x1_data_gradient_of_short_images_packs_every_image(monkeypatch):
     """Strided unpadded 1x1 data gradients of fewer than POINTWISE_MIN_ROWS output
     positions per image pack diff_dst once and run input-channel chunks, each one product
@@ -857,18 +882,8 @@ def test_strided_1x1_data_gradient_of_short_images_packs_every_image(monkeypatch
         assert gemm.packed_pointwise_chunks(other) == 0, str(other)
     monkeypatch.setattr(gemm, "PACKED_STRIDED_MIN_CHANNELS", 2)
     monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
-    real_result = gemm._result
-
-    def poisoned(shape, dtype, zeroed):                 # old contents of a recycled buffer
-        out, zero = real_result(shape, dtype, zeroed)
-        if not zero:
-            out.fill(np.nan)
-        return out, zero
-
-    monkeypatch.setattr(gemm, "_result", poisoned)
-    taken = []
-    real_packed = gemm._packed_pointwise_data
-    monkeypatch.setattr(gemm, "_packed_pointwise_data", lambda *a: taken.append(real_packed(*a)) or taken[-1])
+    _poison_recycled_results(monkeypatch, gemm)
+    taken, real_packed = _spy(monkeypatch, gemm, "_packed_pointwise_data")
     rng = np.random.default_rng(71)
     for spec in (_spec(3, 5, 4, 1, (9, 12), (1, 1), (2, 3), (1, 1), (0, 0), (0, 0)),            # 5 x 4 outputs
                  _spec(5, 8, 4, 2, (10, 9), (1, 1), (3, 2), (1, 1), (0, 0), (0, 0)),            # groups, leftovers
@@ -919,9 +934,7 @@ def test_strided_1x1_forward_gathers_each_image(monkeypatch):
     monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
     monkeypatch.setattr(gemm, "POINTWISE_MIN_ROWS", 4)
     monkeypatch.setattr(gemm, "POINTWISE_HALF_MIN_CHANNELS", 2)
-    taken = []
-    real = gemm._strided_1x1_forward
-    monkeypatch.setattr(gemm, "_strided_1x1_forward", lambda *a: taken.append(real(*a)) or taken[-1])
+    taken, real = _spy(monkeypatch, gemm, "_strided_1x1_forward")
     rng = np.random.default_rng(73)
     for spec in (_spec(3, 5, 4, 1, (9, 12), (1, 1), (2, 3), (1, 1), (0, 0), (0, 0)),           # last image halved
                  _spec(5, 6, 8, 2, (10, 9), (1, 1), (3, 2), (1, 1), (0, 0), (0, 0)),           # groups, leftovers
@@ -942,12 +955,7 @@ def test_strided_1x1_forward_gathers_each_image(monkeypatch):
         half = cg.conv_forward(x.astype(np.float16), w.astype(np.float16), algorithm="taps", **_kw(spec))
         want16 = ref.conv_forward(spec, x.astype(np.float16).astype(np.float64), w.astype(np.float16).astype(np.float64))
         assert half.dtype == np.float16 and rel_err(half, want16) <= 1e-2, str(spec)
-        cg.set_num_threads(1)
-        try:
-            one = cg.conv_forward(x32, w32, algorithm="taps", **_kw(spec))
-        finally:
-            cg.set_num_threads(None)
-        assert np.array_equal(one, got), str(spec)
+        assert np.array_equal(_one_thread(lambda: cg.conv_forward(x32, w32, algorithm="taps", **_kw(spec))), got)
     spec = _spec(3, 4, 6, 1, (8, 9), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))              # 20 output positions
     x = rng.standard_normal(spec.src_shape).astype(np.float32)
     w = rng.standard_normal(spec.weights_shape).astype(np.float32)
@@ -987,17 +995,8 @@ def test_strided_1x1_data_gradient_spreads_each_image(monkeypatch):
                                                                        -1, -1, -1, 2, -1, -1]
     monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 0)
     monkeypatch.setattr(gemm, "POINTWISE_MIN_ROWS", 4)
-    taken = []
-    real, real_result = gemm._strided_1x1_data, gemm._result
-    monkeypatch.setattr(gemm, "_strided_1x1_data", lambda *a: taken.append(real(*a)) or taken[-1])
-
-    def poisoned(shape, dtype, zeroed):                 # old contents of a recycled buffer
-        out, zero = real_result(shape, dtype, zeroed)
-        if not zero:
-            out.fill(np.nan)
-        return out, zero
-
-    monkeypatch.setattr(gemm, "_result", poisoned)
+    taken, real = _spy(monkeypatch, gemm, "_strided_1x1_data")
+    _poison_recycled_results(monkeypatch, gemm)
     rng = np.random.default_rng(67)
 
     def inputs(spec):
