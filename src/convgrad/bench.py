@@ -1080,13 +1080,13 @@ def render_summary(rows: list[Row], meta: dict) -> str:
         lines.append(f"Deep ResNet-50 layers (res4*, res5*; gradients): convgrad {deep['mean_gflops']:.1f} GFLOP/s "
                      f"on average (min {deep['min_gflops']:.1f}) = {deep['percent']:.0f} % of the measured SGEMM "
                      f"rate {deep['sgemm']:.1f} GFLOP/s ({deep['cases']} measurements).")
-        context = [f"{lib} {g:.1f} ({100.0 * g / deep['sgemm']:.0f} %"
-                   + ("" if n == deep["cases"] else f", {n} measurements") + ")"
-                   for lib, (g, n) in deep["peers"].items()]
+        def share(name: str, g: float, n: int) -> str:
+            return (f"{name} {g:.1f} ({100.0 * g / deep['sgemm']:.0f} %"
+                    + ("" if n == deep["cases"] else f", {n} measurements") + ")")
+
+        context = [share(lib, g, n) for lib, (g, n) in deep["peers"].items()]
         if deep["best_peer"]:
-            g, n = deep["best_peer"]
-            context.append(f"the best peer of each measurement {g:.1f} ({100.0 * g / deep['sgemm']:.0f} %"
-                           + ("" if n == deep["cases"] else f", {n} measurements") + ")")
+            context.append(share("the best peer of each measurement", *deep["best_peer"]))
         if context:
             lines.append(f"The peers on the same layers, GFLOP/s on average: {'; '.join(context)}.")
     return "\n".join(lines)

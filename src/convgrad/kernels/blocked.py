@@ -87,6 +87,7 @@ from ..errors import WorkspaceError
 from ..spec import ConvSpec
 from . import _ukernel, depthwise, results
 from .gemm import _scratch, flipped_spec, guided_chunks, pointwise_spec, run_each
+from .gemm import sampled_cells as _sampled_cells
 
 # Bytes of one block of weights (taps x a chunk of input channels x 64 output channels)
 # that the forward keeps in the L2 cache while the rows stream past it. The input channels
@@ -210,10 +211,6 @@ def strided_pointwise(spec: ConvSpec) -> ConvSpec | None:
     sub = ConvSpec(mb=spec.mb, ic=spec.ic, oc=spec.oc, groups=spec.groups, src=spec.dst, kernel=spec.kernel,
                    strides=ones, dilations=ones, pads_begin=(0,) * spec.nsp, pads_end=(0,) * spec.nsp)
     return sub if pointwise_spec(sub) else None
-
-
-def _sampled_cells(spec: ConvSpec) -> tuple[slice, ...]:
-    return (slice(None), slice(None)) + tuple(slice(0, s * (o - 1) + 1, s) for s, o in zip(spec.strides, spec.dst))
 
 
 def _lanes() -> tuple[int, int, int]:

@@ -855,6 +855,12 @@ def unpadded_1x1(spec: ConvSpec) -> bool:
     return all(k == 1 for k in spec.kernel) and not any(spec.pads_begin) and not any(spec.pads_end)
 
 
+def sampled_cells(spec: ConvSpec) -> tuple[slice, ...]:
+    """Index of the (N, C, *spatial) cells an unpadded 1x1 layer's outputs read: every
+    ``s``-th cell of each spatial axis from 0, one per output (pure)."""
+    return (slice(None), slice(None)) + tuple(slice(0, o * s, s) for o, s in zip(spec.dst, spec.strides))
+
+
 def unit_1x1(spec: ConvSpec) -> bool:
     """1x1 kernel, stride 1, no padding (pure)."""
     return unpadded_1x1(spec) and all(s == 1 for s in spec.strides)
@@ -1059,7 +1065,7 @@ def _packed_weight_halves(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     worst = (g * (cg + og) * cols + g * og * cg) * np.dtype(dtype).itemsize
     if worst > workspace_limit:
         return None
-    sampled = src[(slice(None), slice(None)) + tuple(slice(0, o * st, st) for o, st in zip(spec.dst, spec.strides))]
+    sampled = src[sampled_cells(spec)]
     dy = diff_dst.reshape(spec.mb, g, og, positions)
 
     def work(half) -> np.ndarray:
@@ -1170,10 +1176,8 @@ def _packed_pointwise_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.nda
     if w.dtype != dtype:
         w = w.astype(dtype)
     dsrc, _ = _result(spec.src_shape, dtype, zeroed=False)
-    out = dsrc.reshape(n, g, cg, -1)
-    if strided:
-        out = dsrc.reshape(n, g, cg, -1, spec.src[-1])
-        spread_rows = _spread_rows(spec)
+    out = dsrc.reshape((n, g, cg, -1) + ((spec.src[-1],) if strided else ()))
+    spread_rows = _spread_rows(spec) if strided else None
 
     def work(item) -> None:
         gi, c0, c1 = item
@@ -1294,7 +1298,7 @@ def _strided_1x1_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, d
     if worst > workspace_limit:
         return False
     w = _weights(spec, weights, (0, 1, 2, 3), dtype)[..., 0]              # (G, Og, Cg)
-    sampled = src[(slice(None), slice(None)) + tuple(slice(0, o * s, s) for o, s in zip(spec.dst, spec.strides))]
+    sampled = src[sampled_cells(spec)]
     out = dst.reshape(spec.mb, g, og, positions)
 
     def work(item) -> None:
