@@ -549,6 +549,69 @@ def test_blocked_rows_in_guided_chunks(monkeypatch):
 
 
 @needs_blocked
+def test_blocked_block_order(monkeypatch):
+    """Weight-heavy forwards and flipped data gradients run block by block of output
+    channels (``block_order``): every block once, each result equal bit for bit to the row
+    order and to one thread, within float32 rounding of the reference, on a last block
+    narrower than the others, a non-square kernel, padding and a strided input; the rule
+    is pure and takes only weight-heavy single-group problems with enough blocks."""
+    lanes, _, obw = blocked._lanes()
+    big = 8 * obw + lanes                       # 9 blocks, the last one lane wide
+    spec = _spec(2, 12, big, 1, (6, 7), (3, 2), (1, 1), (1, 1), (1, 0), (1, 1))
+    dspec = _spec(2, big, 12, 1, (6, 7), (3, 2), (1, 1), (1, 1), (1, 0), (0, 1))
+    assert blocked.block_order(spec, 2) and blocked.block_order(blocked.flipped_spec(dspec), 2)
+    assert not blocked.block_order(spec, 1) and not blocked.block_order(dspec, 2)
+    assert not blocked.block_order(_spec(2, 12, big - 2 * obw, 1, (6, 7), (3, 2), (1, 1), (1, 1), (1, 0), (1, 1)), 2)
+    assert not blocked.block_order(_spec(2, 24, 2 * big, 2, (6, 7), (3, 2), (1, 1), (1, 1), (1, 0), (1, 1)), 2)
+    assert not blocked.block_order(_spec(64, 12, big, 1, (30, 31), (3, 2), (1, 1), (1, 1), (1, 0), (1, 1)), 2)
+    with monkeypatch.context() as m:
+        m.setattr(blocked, "WEIGHT_BLOCK_BYTES", 4 * 6 * 12 * obw - 4)      # one block's weights too large
+        assert not blocked.block_order(spec, 2)
+    monkeypatch.setattr(blocked, "PARALLEL_MACS", 0)
+    ranges = []
+    module = blocked._jit()
+
+    class Spy:                                  # the loop's output-channel ranges, as called
+        def __getattr__(self, name):
+            return getattr(module, name)
+
+        @staticmethod
+        def forward_rows(*args):
+            ranges.append(args[-2:])
+            return module.forward_rows(*args)
+    monkeypatch.setattr(blocked, "_jit", Spy)
+    rng = np.random.default_rng(21)
+    x, w, _ = _inputs(spec, rng, np.float32)
+    dy = rng.standard_normal((2, 12, 5, 14)).astype(np.float32)[:, :, :, ::-2]      # strided diff_dst
+    w_data = rng.standard_normal((12, big, 3, 2)).astype(np.float32)
+    before = [a.copy() for a in (x, w, dy, w_data)]
+
+    def both():
+        return (cg.conv_forward(x, w, algorithm="blocked", **_kw(spec)),
+                cg.conv_backward_data(dy, w_data, (6, 7), algorithm="blocked", **_kw(dspec)))
+    try:
+        cg.set_num_threads(2)
+        fwd, data = both()
+        assert sorted(ranges) == sorted([(b * obw, (b + 1) * obw) for b in range(9)] * 2)
+        cg.set_num_threads(1)
+        one = both()
+        cg.set_num_threads(2)
+        monkeypatch.setattr(blocked, "block_order", lambda fspec, workers: False)
+        ranges.clear()
+        rows = both()
+        assert ranges and set(ranges) == {(0, blocked._padded(big, lanes))}
+    finally:
+        cg.set_num_threads(None)
+    for got in (one, rows):
+        assert np.array_equal(fwd, got[0]) and np.array_equal(data, got[1])
+    for a, b in zip((x, w, dy, w_data), before):
+        assert np.array_equal(a, b)
+    assert rel_err(fwd, ref.conv_forward(spec, x.astype(np.float64), w.astype(np.float64))) <= 2e-6 * np.sqrt(72)
+    want = ref.conv_backward_data(dspec, dy.astype(np.float64), w_data.astype(np.float64))
+    assert rel_err(data, want) <= 2e-6 * np.sqrt(72)
+
+
+@needs_blocked
 def test_blocked_against_pytorch(rules_of_a_512_bit_host):
     """PyTorch's CPU convolution (an independent implementation) on layers where the
     automatic choice is ``blocked``: ResNet 3x3, a strided 3x3, a 5x5, a 3-D layer."""

@@ -219,7 +219,8 @@ def _tap_rows(r, rows_dst, dst_o, src_o, k_o, s_o, d_o, pb_o, ko, rows_src):
 
 
 @njit(**JIT)
-def forward_rows(xcl, wblk, ycl, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, r0, r1, addr, rlim, lanes, obw, cb):
+def forward_rows(xcl, wblk, ycl, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, r0, r1, addr, rlim, lanes, obw, cb, ob_lo,
+                 ob_hi):
     """Output rows ``r0 .. r1`` (flat over images) of the forward convolution on
     channels-last ``xcl`` (N, rows_src, Wp, G*cg) into ``ycl`` (N, rows_dst, Wout, G*ogp).
 
@@ -229,7 +230,8 @@ def forward_rows(xcl, wblk, ycl, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, r0, r1,
     to 12 rows whose accumulators hide the FMA latency, not the 4 of the 24-wide blocks),
     summed over the chunk's input channels ``cb0 .. cb0 + cb`` of every tap that reads a
     real input row (outer axes; the last axis reads the zero padding of ``xcl``), chunk
-    after chunk. Loops: group, output-channel block, channel chunk, row, tile, so that one
+    after chunk. Loops: group, output-channel block (those from ``ob_lo`` below ``ob_hi``:
+    all of them, or one for ``blocked.block_order``), channel chunk, row, tile, so that one
     block of weights (``T * cb * wbw``) is read from cache while the rows stream.
     """
     groups, cg, ogp, Wp, Wout, kw_n, sw, dw, rows_dst, rows_src = (
@@ -243,7 +245,7 @@ def forward_rows(xcl, wblk, ycl, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, r0, r1,
     ya = ycl.ctypes.data
     wa = wblk.ctypes.data
     for g in range(groups):
-        for ob0 in range(0, ogp, obw):
+        for ob0 in range(ob_lo, min(ob_hi, ogp), obw):
             wbw = min(obw, ogp - ob0)
             OB = wbw // lanes
             ntile = (Wout + rlim[OB - 1] - 1) // rlim[OB - 1]

@@ -106,6 +106,24 @@ WEIGHT_BLOCK_BYTES = 512 * 1024
 # the row's size). Chunks of whole rows sum in the same order, so the bits stay (rows cut
 # into segments do move the parts' bounds).
 ROW_CHUNK_BYTES = {256: 64 * 1024, 512: 1024 * 1024}
+# Weight-heavy forwards (and flipped data gradients) of one group run block by block
+# (``block_order``): each thread takes a block of output channels, puts its weights in
+# order (``weight_blocks``) and runs every output row on it while they are in L2, the next
+# block going to whichever thread is free; the rows are then copied back to NCX in a
+# second hand-off. Row order had first put all the weights in blocks (two threads copying
+# at once: res5a_branch2b's 9.4 MB took 1.7 of a 7.4 ms data gradient) and then walked
+# them from L3. Every output is the same sum either way, so the bits do not change. Where
+# the weights are at least BLOCK_ORDER_MIN_WEIGHT_RATIO times the input's channels-last
+# copy, there are at least BLOCK_ORDER_MIN_BLOCKS blocks (for the two threads to share)
+# and one block's weights fit WEIGHT_BLOCK_BYTES. In one process, the two orders
+# interleaved (20 rounds of a 0.05 s pause, 64 MB of other traffic, a warm-up and 3
+# calls; 2 threads, AMD Zen 3), paired medians block / row order, data gradient and
+# forward: res5a_branch2b (512 ch 7^2 mb4) 0.97 / 0.94 and 0.96 / 0.97, 512 ch 14^2
+# 0.95 / 0.97, 384 ch 10^2 mb2 0.94 / 0.96, 256 ch 7^2 mb4 0.96 / 0.94; res4a_branch2b
+# (weights 2.4x its input) 0.99 / 0.98. Blocks larger than the cache lost: 3d_unet conv_7
+# (27 taps x 256 channels) 1.06 / 1.02; conv_6 1.00 / 1.00.
+BLOCK_ORDER_MIN_WEIGHT_RATIO = 4
+BLOCK_ORDER_MIN_BLOCKS = 8
 
 
 def _row_chunk_bytes() -> int:
@@ -361,6 +379,21 @@ def _weights_from_blocks(blk: np.ndarray, dw: np.ndarray, groups: int, og: int, 
                                                   c.lanes), _cuts(nblk, parts), parts)
 
 
+def block_order(fspec: ConvSpec, workers: int) -> bool:
+    """Whether ``_forward`` runs ``fspec`` (a forward, or a data gradient's flipped spec)
+    block by block of output channels (pure; the rule and its measurements at
+    BLOCK_ORDER_MIN_WEIGHT_RATIO)."""
+    if fspec.groups != 1 or workers < 2 or not available():
+        return False
+    lanes, _, obw = _lanes()
+    taps = math.prod(fspec.kernel)
+    weights = taps * fspec.icg * _padded(fspec.ocg, lanes)
+    copied = fspec.mb * math.prod(fspec.src[:-1]) * _last_axis(fspec)[0] * fspec.ic
+    return (-(-_padded(fspec.ocg, lanes) // obw) >= BLOCK_ORDER_MIN_BLOCKS
+            and weights >= BLOCK_ORDER_MIN_WEIGHT_RATIO * copied
+            and 4 * taps * fspec.icg * obw <= WEIGHT_BLOCK_BYTES)
+
+
 def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspace_limit: int,
              direction: str) -> np.ndarray:
     """The forward loop of ``fspec`` on ``x`` (N, C, *S); ``w`` the forward's weights, or
@@ -368,14 +401,15 @@ def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspac
 
     Two hand-offs to the pool: the input copy and the weight blocks (independent) in one,
     then the output rows, each thread copying its rows back to (N, C, *S) right after it
-    computed them (in cache; disjoint rows, so no thread waits for another)."""
+    computed them (in cache; disjoint rows, so no thread waits for another). With
+    ``block_order``: the input copy, then blocks of output channels (each one's weights
+    put in order, then every row on them), then the rows back to (N, C, *S)."""
     _check(fspec, direction, workspace_limit)
     jit = _jit()
     lanes, _, obw = _lanes()
     g, cg, og, ogp, t, workers, wp, xcl, pieces = _input_channels_last(fspec, x)
     blk = _scratch("blocked_w", (g * t * cg * ogp,), np.float32)
-    pieces += _weight_blocks(_f32(w).reshape(w.shape[0], w.shape[1], t), blk, g, og, cg, ogp, obw, flip, workers)
-    _run_pieces(pieces, workers)
+    w3 = _f32(w).reshape(w.shape[0], w.shape[1], t)
     rows_src = math.prod(fspec.src[:-1])
     rows_dst = math.prod(fspec.dst[:-1])
     wout = fspec.dst[-1]
@@ -387,20 +421,27 @@ def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspac
     c = _ukernel.compiled()
     dst_o, src_o, k_o, s_o, d_o, pb_o = _geometry(fspec)
     rlim = np.array(c.r_limits, dtype=np.int64)
+    if block_order(fspec, workers):
+        _run_pieces(pieces, workers)
+        total = fspec.mb * rows_dst
+
+        def block(b) -> None:                 # one block of output channels: its weights, every row
+            jit.weight_blocks(w3, blk, b, b + 1, g, og, cg, ogp, obw, flip, c.transpose_address, c.lanes)
+            jit.forward_rows(xcl.reshape(-1), blk, ycl.reshape(-1), geo, dst_o, src_o, k_o, s_o, d_o, pb_o, 0, total,
+                             c.address, rlim, lanes, obw, cb, b * obw, (b + 1) * obw)
+
+        run_each(block, list(range(-(-ogp // obw))), workers)
+        run_each(lambda b: jit.from_channels_last(ycl, y, b[0], b[1], g, og, ogp, c.transpose_address, c.lanes),
+                 _cuts(total, workers), workers)
+        return y.reshape(fspec.dst_shape)
+    pieces += _weight_blocks(w3, blk, g, og, cg, ogp, obw, flip, workers)
+    _run_pieces(pieces, workers)
 
     def rows(b) -> None:
         jit.forward_rows(xcl.reshape(-1), blk, ycl.reshape(-1), geo, dst_o, src_o, k_o, s_o, d_o, pb_o, b[0], b[1],
-                         c.address, rlim, lanes, obw, cb)
+                         c.address, rlim, lanes, obw, cb, 0, ogp)
         jit.from_channels_last(ycl, y, b[0], b[1], g, og, ogp, c.transpose_address, c.lanes)
 
-    # Rows in guided chunks (``gemm.guided_chunks``: large first, single rows last), taken by
-    # whichever thread is free, not one half each: this VM's second vCPU often runs slower,
-    # and one timeline showed the two halves of a data gradient taking 6.1 and 9.0 ms.
-    # Disjoint rows, so no bit changes. Paired medians guided / halves (20-24 rounds in one
-    # process, the order alternating, two sessions): 3d_unet data gradients conv_2 0.96 /
-    # 0.97, conv_3 0.98 / 0.93, conv_6 0.94 / 0.92; resnet_50 res2a_branch2b 0.96 / 0.96,
-    # res4a_branch2b 0.93 / 0.94; forwards 0.98 (conv_2) and 1.02 (res3a_branch2b); an
-    # im2col problem the change does not reach, as a control, 1.05 / 1.00.
     run_each(rows, guided_chunks(fspec.mb * rows_dst, workers), workers)
     return y.reshape(fspec.dst_shape)
 
