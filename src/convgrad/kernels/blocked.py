@@ -442,6 +442,14 @@ def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspac
                          c.address, rlim, lanes, obw, cb, 0, ogp)
         jit.from_channels_last(ycl, y, b[0], b[1], g, og, ogp, c.transpose_address, c.lanes)
 
+    # Rows in guided chunks (``gemm.guided_chunks``: large first, single rows last), taken by
+    # whichever thread is free, not one half each: this VM's second vCPU often runs slower,
+    # and one timeline showed the two halves of a data gradient taking 6.1 and 9.0 ms.
+    # Disjoint rows, so no bit changes. Paired medians guided / halves (20-24 rounds in one
+    # process, the order alternating, two sessions): 3d_unet data gradients conv_2 0.96 /
+    # 0.97, conv_3 0.98 / 0.93, conv_6 0.94 / 0.92; resnet_50 res2a_branch2b 0.96 / 0.96,
+    # res4a_branch2b 0.93 / 0.94; forwards 0.98 (conv_2) and 1.02 (res3a_branch2b); an
+    # im2col problem the change does not reach, as a control, 1.05 / 1.00.
     run_each(rows, guided_chunks(fspec.mb * rows_dst, workers), workers)
     return y.reshape(fspec.dst_shape)
 
