@@ -248,18 +248,22 @@ def _last_axis(spec: ConvSpec) -> tuple[int, int]:
     return max(need, spec.pads_begin[-1] + spec.src[-1]), spec.pads_begin[-1]
 
 
+def _copied_elements(fspec: ConvSpec) -> tuple[int, int]:
+    """Elements of the input's channels-last copy and of the weight blocks that the forward
+    loop on ``fspec`` makes (pure)."""
+    ogp = _padded(fspec.ocg, _lanes()[0] if available() else 16)
+    xcl = fspec.mb * math.prod(fspec.src[:-1]) * _last_axis(fspec)[0] * fspec.ic
+    return xcl, fspec.groups * math.prod(fspec.kernel) * fspec.icg * ogp
+
+
 def _workspace(spec: ConvSpec, direction: str) -> int:
     """Bytes of the channels-last copies (the streamed weight gradient: every thread's
     chunk buffers and the parts' blocks), the weight blocks and any converted input."""
     fspec = flipped_spec(spec) if direction == "bwd_data" else spec
-    lanes = _lanes()[0] if available() else 16
-    wp, _ = _last_axis(fspec)
-    rows_src = fspec.mb * math.prod(fspec.src[:-1])
     rows_dst = fspec.mb * math.prod(fspec.dst[:-1])
-    ogp = _padded(fspec.ocg, lanes)
-    xcl = rows_src * wp * fspec.ic
+    ogp = _padded(fspec.ocg, _lanes()[0] if available() else 16)
+    xcl, blk = _copied_elements(fspec)
     ycl = rows_dst * fspec.dst[-1] * fspec.groups * ogp
-    blk = fspec.groups * math.prod(fspec.kernel) * fspec.icg * ogp
     converted = math.prod(fspec.src_shape) + math.prod(fspec.dst_shape)
     if direction == "bwd_weights":
         parts, chunk_rows, _, seg = _weight_parts(fspec)
@@ -386,12 +390,10 @@ def block_order(fspec: ConvSpec, workers: int) -> bool:
     if fspec.groups != 1 or workers < 2 or not available():
         return False
     lanes, _, obw = _lanes()
-    taps = math.prod(fspec.kernel)
-    weights = taps * fspec.icg * _padded(fspec.ocg, lanes)
-    copied = fspec.mb * math.prod(fspec.src[:-1]) * _last_axis(fspec)[0] * fspec.ic
+    copied, weights = _copied_elements(fspec)
     return (-(-_padded(fspec.ocg, lanes) // obw) >= BLOCK_ORDER_MIN_BLOCKS
             and weights >= BLOCK_ORDER_MIN_WEIGHT_RATIO * copied
-            and 4 * taps * fspec.icg * obw <= WEIGHT_BLOCK_BYTES)
+            and 4 * math.prod(fspec.kernel) * fspec.icg * obw <= WEIGHT_BLOCK_BYTES)
 
 
 def _forward(fspec: ConvSpec, x: np.ndarray, w: np.ndarray, flip: bool, workspace_limit: int,
