@@ -576,12 +576,14 @@ def backward_weights(x, dy, part, geo, cuts, i0, i1, ocg_pad, n_u_pad, live, pge
                 _stream(pf, 0, x, g * xcg, xcg, lo + tile + max_off, nxt + max_off, q0, q1, q2, xpads, xstrides,
                         steps, 0)
                 _stream(pf, PF_LEN, dy, g * ocg, ocg, lo + tile, nxt, q0, q1, q2, zeros3, ones3, steps, 0)
-            else:
-                g2, ch2 = (item + 1) // n_chunks, (item + 1) % n_chunks
-                lo2 = cuts[ch2]
-                nxt = min(cuts[ch2 + 1], span, lo2 + tile) if item + 1 < i1 else lo2
-                _stream(pf, 0, x, g2 * xcg, xcg, lo2, nxt + max_off if nxt > lo2 else lo2, q0, q1, q2, xpads,
-                        xstrides, steps, 0)
+            else:                                  # none where this call ends (empty ranges)
+                g2, lo2, nxt = g, 0, 0
+                if item + 1 < i1:
+                    g2, ch2 = (item + 1) // n_chunks, (item + 1) % n_chunks
+                    lo2 = cuts[ch2]
+                    nxt = min(cuts[ch2 + 1], span, lo2 + tile)
+                _stream(pf, 0, x, g2 * xcg, xcg, lo2, nxt + max_off if nxt > lo2 else 0, q0, q1, q2, xpads, xstrides,
+                        steps, 0)
                 _stream(pf, PF_LEN, dy, g2 * ocg, ocg, lo2, nxt, q0, q1, q2, zeros3, ones3, steps, 0)
             if phases:
                 _fill_phases(x, pgeo, g * cg, cg, buf, width, lo, lo + cnt + max_off, q0, q1, q2)
