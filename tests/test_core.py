@@ -4,10 +4,12 @@ differences, element types, shape edge cases, workspace tiling and determinism."
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import ml_dtypes
 import numpy as np
 import pytest
+import threadpoolctl
 
 import convgrad as cg
 from convgrad import dispatch
@@ -357,6 +359,94 @@ def test_fast_matches_reference_sweep():
             continue
         _check_all(_spec(int(rng.integers(0, 4)), g * cgi, g * cgo, g, src, k, s, d, pb, pe), rng)
         done += 1
+
+
+# The sweeps above draw problems of a few channels and positions, below PARALLEL_FLOPS:
+# one thread runs them, and none reaches the size rules of ``choose_algorithm``, the
+# thread pool or the paths chosen by shape (packed 1x1 halves, channel chunks, ``blocked``
+# blocks, the thin and depthwise kernels). These draw layer-like float32 problems of
+# 10-150 MFLOP (dense, grouped, depthwise, 1x1; 1-3 spatial axes, strides, dilations,
+# uneven pads) and run the automatic choice: the float64 reference to float32 rounding
+# (the fuzzers' scaled error), the same bits on 1 and 2 threads, inputs untouched.
+_LAYER_CHANNELS = (3, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512)
+
+
+def _layer_problem(rng):
+    while True:
+        nsp = int(rng.choice([1, 2, 2, 2, 3]))
+        kind = str(rng.choice(["dense", "dense", "dense", "grouped", "depthwise", "pointwise"]))
+        g = int(rng.choice([2, 4, 8, 32])) if kind == "grouped" else 1
+        if kind == "depthwise":
+            g, cgi, cgo = int(rng.choice([16, 32, 64, 144])), 1, int(rng.choice([1, 1, 2]))
+        else:
+            cgi, cgo = (max(1, int(rng.choice(_LAYER_CHANNELS)) // g) for _ in range(2))
+        k = tuple(1 if kind == "pointwise" else int(rng.choice([1, 2, 3, 3, 3, 5, 7])) for _ in range(nsp))
+        s = tuple(int(rng.choice([1, 1, 1, 2])) for _ in range(nsp))
+        d = tuple(int(rng.choice([1, 1, 1, 1, 2])) for _ in range(nsp))
+        pb = tuple(int(rng.integers(0, (kk - 1) * dd + 1)) for kk, dd in zip(k, d))
+        pe = tuple(b if rng.random() < 0.6 else int(rng.integers(0, (kk - 1) * dd + 1))
+                   for b, kk, dd in zip(pb, k, d))
+        top = {1: 2000, 2: 60, 3: 18}[nsp]
+        src = tuple(int(rng.integers(max(2, dd * (kk - 1) + 1), top)) for kk, dd in zip(k, d))
+        spec = _spec(int(rng.choice([1, 1, 2, 3, 4, 5, 9])), g * cgi, g * cgo, g, src, k, s, d, pb, pe)
+        if 10e6 <= spec.flops <= 150e6:
+            return spec
+
+
+def _scaled_error(got, want, scale) -> float:
+    """||got - want|| over the norm of the same sums of the terms' magnitudes (as the fuzzers)."""
+    num = float(np.linalg.norm((got.astype(np.float64) - want).ravel()))
+    den = float(np.linalg.norm(scale.ravel()))
+    return num / den if den else num
+
+
+def _dispatch_sweep(seed: int, count: int) -> dict:
+    """Run ``count`` layer-like problems through the automatic choice (checks above);
+    returns how often each (direction, algorithm) ran."""
+    rng = np.random.default_rng(seed)
+    seen: Counter = Counter()
+    for _ in range(count):
+        spec = _layer_problem(rng)
+        x, w, dy = (rng.standard_normal(shape, dtype=np.float32)
+                    for shape in (spec.src_shape, spec.weights_shape, spec.dst_shape))
+        before = [a.copy() for a in (x, w, dy)]
+        runs = {}
+        for threads in (2, 1):
+            with threadpoolctl.threadpool_limits(threads, user_api="blas"):
+                runs[threads] = (cg.conv_forward(x, w, **_kw(spec)),
+                                 cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec)),
+                                 cg.conv_backward_data(dy, w, spec.src, **_kw(spec)))
+        for a, b in zip((x, w, dy), before):
+            np.testing.assert_array_equal(a, b)
+        x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+        want = (ref.conv_forward(spec, x64, w64), ref.conv_backward_weights(spec, x64, dy64),
+                ref.conv_backward_data(spec, dy64, w64))
+        scale = (ref.conv_forward(spec, abs(x64), abs(w64)), ref.conv_backward_weights(spec, abs(x64), abs(dy64)),
+                 ref.conv_backward_data(spec, abs(dy64), abs(w64)))
+        for direction, two, one, exact, size in zip(("fwd", "bwd_weights", "bwd_data"), runs[2], runs[1], want, scale):
+            alg = cg.choose_algorithm(spec, direction)
+            seen[direction, alg] += 1
+            assert two.dtype == np.float32 and two.shape == exact.shape and two.flags.c_contiguous
+            np.testing.assert_array_equal(two, one, err_msg=f"{direction} {alg} {spec}: 2 vs 1 thread")
+            err = _scaled_error(two, exact, size)
+            assert err <= 1e-5, (direction, alg, str(spec), err)
+    return seen
+
+
+def test_automatic_choice_on_layer_sized_problems():
+    seen = _dispatch_sweep(seed=11, count=10)
+    assert sum(seen.values()) == 30
+
+
+@pytest.mark.slow
+def test_automatic_choice_on_layer_sized_problems_sweep():
+    """150 problems: every direction reaches both GEMM lowerings, and (where llvmlite
+    compiles the micro-kernels for this CPU) ``blocked`` and the direct kernels too."""
+    seen = _dispatch_sweep(seed=2026, count=150)
+    algorithms = {alg for _, alg in seen}
+    assert {"im2col", "taps"} <= algorithms, seen
+    for direction in ("fwd", "bwd_weights", "bwd_data"):
+        assert sum(n for (d, _), n in seen.items() if d == direction) == 150
 
 
 # ---------------------------------------------------------------------------------------
