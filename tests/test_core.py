@@ -453,6 +453,53 @@ def test_automatic_choice_on_layer_sized_problems_sweep():
 # Performance lowerings (kernels/gemm.py, kernels/blas.py): added with issue 3
 # ---------------------------------------------------------------------------------------
 
+def test_scatter_chunks(monkeypatch):
+    """The col2im data gradient in input-channel chunks scattered by the compiled loop
+    (``gemm.scatter_chunks``): the rule; the float64 reference, the same bits on 1 and 2
+    threads and untouched inputs through ``algorithm="im2col"`` on 3-D problems with pads,
+    strides, dilations and groups; and the driver itself on one and two spatial axes (the
+    loop's leading axes of size 1)."""
+    from convgrad.kernels import gemm
+    jit = gemm._spread()
+    assert jit is not None                                   # numba is a test dependency
+    conv6 = _spec(1, 128, 256, 1, (8, 9, 9), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
+    assert gemm.scatter_chunks(conv6)
+    assert not gemm.scatter_chunks(_spec(2, 128, 256, 1, (8, 9, 9), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)))
+    assert not gemm.scatter_chunks(_spec(1, 128, 128, 1, (8, 9, 9), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)))
+    assert not gemm.scatter_chunks(_spec(1, 128, 256, 1, (11, 11, 11), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)))
+    assert not gemm.scatter_chunks(_spec(1, 1, 256, 1, (8, 9, 9), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)))
+    assert not gemm.scatter_chunks(_spec(1, 128, 256, 1, (9, 9), (3, 3), (1, 1), (1, 1), (0, 0), (0, 0)))
+    calls = []
+    original = jit.scatter_add
+    monkeypatch.setattr(jit, "scatter_add", lambda *a: (calls.append(a[0].shape), original(*a))[1])
+    rng = np.random.default_rng(31)
+    for spec in (_spec(1, 6, 256, 1, (5, 6, 7), (3, 2, 3), (1, 2, 1), (1, 1, 2), (1, 0, 1), (0, 1, 1)),
+                 _spec(1, 10, 512, 2, (4, 5, 6), (2, 3, 2), (2, 1, 1), (1, 2, 1), (0, 2, 1), (1, 1, 0)),
+                 _spec(1, 5, 256, 1, (3, 4, 6), (1, 1, 3), (1, 1, 2), (1, 1, 1), (0, 0, 2), (0, 0, 2))):
+        assert gemm.scatter_chunks(spec), str(spec)
+        w = rng.standard_normal(spec.weights_shape).astype(np.float32)
+        dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
+        before = (w.copy(), dy.copy())
+        want = ref.conv_backward_data(spec, dy.astype(np.float64), w.astype(np.float64))
+        got = {}
+        for n in (2, 1):
+            calls.clear()
+            with threadpoolctl.threadpool_limits(n, user_api="blas"):
+                got[n] = cg.conv_backward_data(dy, w, spec.src, algorithm="im2col", **_kw(spec))
+            assert len(calls) == 2 * spec.groups, (str(spec), calls)
+        np.testing.assert_array_equal(got[1], got[2])
+        np.testing.assert_array_equal(w, before[0])
+        np.testing.assert_array_equal(dy, before[1])
+        assert rel_err(got[2], want) <= 1e-6, (str(spec), rel_err(got[2], want))
+    for spec in (_spec(1, 4, 3, 1, (40,), (5,), (3,), (2,), (2,), (1,)),
+                 _spec(1, 6, 4, 2, (9, 8), (3, 2), (1, 2), (2, 1), (2, 0), (1, 1))):
+        w = rng.standard_normal(spec.weights_shape).astype(np.float32)
+        dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
+        got = gemm._col2im_column_chunks(spec, dy, w, np.float32, "scatter", gemm.COLUMN_CHUNKS, 1 << 30)
+        want = ref.conv_backward_data(spec, dy.astype(np.float64), w.astype(np.float64))
+        assert rel_err(got, want) <= 1e-6, (str(spec), rel_err(got, want))
+
+
 @pytest.mark.parametrize("case", [
     # ISTFT-like: kernel 16, stride 4 -> col2im loops over 4 window classes instead of 16 taps
     ("window_classes_1d", 1, 2, 3, 1, (70,), (16,), (4,), (1,), (3,), (2,)),

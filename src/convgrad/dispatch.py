@@ -63,7 +63,7 @@ import numpy as np
 from . import threads
 from .errors import ConvTypeError, ConvValueError
 from .kernels import blocked, depthwise, thin
-from .kernels.gemm import flipped_data_gradient, pointwise_spec, unit_1x1, weight_chunks
+from .kernels.gemm import flipped_data_gradient, pointwise_spec, scatter_chunks, unit_1x1, weight_chunks
 from .spec import ConvSpec
 
 ALGORITHMS = ("reference", "im2col", "taps", "direct", "blocked")
@@ -623,6 +623,8 @@ BLOCKED_256_3D_WEIGHTS_MIN_OUTPUTS = 16
 
 def _blocked_rule_256(spec: ConvSpec, direction: str) -> bool:
     if spec.icg < 2 or not blocked.eligible(spec, direction):
+        return False
+    if direction == "bwd_data" and scatter_chunks(spec):   # im2col's compiled scatter (gemm.py)
         return False
     if _prod(spec.kernel) == 1:
         return (direction == "bwd_weights" and blocked.strided_pointwise(spec) is None and pointwise_spec(spec)

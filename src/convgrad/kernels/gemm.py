@@ -1966,27 +1966,58 @@ def column_chunks(spec: ConvSpec, blocks: list) -> tuple[str, int]:
     return "", 1
 
 
+# A col2im data gradient of one image with many output channels on few output positions
+# (3d_unet conv_6 - conv_8: 256-512 output channels, 100-294 output positions, 27 taps)
+# runs as COLUMN_CHUNKS fixed chunks of its input channels, each one product over every
+# output position (Z_chunk = W_cols^T[chunk] @ dY: 1728 x 256 x 294 for conv_6, where the
+# row slabs had made 147 x 256 x 3456 products) scattered by a compiled loop
+# (``_spread_jit.scatter_add``) straight into the chunk's own channels of dsrc: no padded
+# block per slab, and no adds by the calling thread after the products (slabs of one
+# image overlap; chunks of channels do not). Each cell's terms are added in one fixed
+# order on one thread, so the bits do not depend on the threads. In one process, the two
+# interleaved (10 rounds of a 0.05 s pause, 64 MB of other traffic, a warm-up and 3
+# calls; medians, ms, and the paired ratio to ``blocked``, 2 threads, AMD EPYC Zen 3):
+# conv_6 (128 <- 256) 5.40 / 6.15 (0.88), then, as the automatic choice, 0.81 and 0.91;
+# conv_8 (256 <- 512) 6.75 / 10.08 (0.66; 8.09 its slabs), then 0.62; conv_7 (256 <- 256)
+# even (0.80, 0.99, 1.02, 1.11); but conv_5 (128 <- 128, 729 positions) 8.53 / 5.88
+# (1.46): the scatter's share grows as the output channels shrink (it adds C*T*P terms
+# to the product's C*T*P*O multiply-adds). Measured on 3-D layers only, so only they take it.
+SCATTER_MIN_OUTPUTS = 256
+SCATTER_MAX_POSITIONS = 512
+
+
+def scatter_chunks(spec: ConvSpec) -> bool:
+    """Whether a col2im data gradient runs as the compiled scatter's channel chunks (pure;
+    derived above): one image on three spatial axes, at least COLUMN_CHUNKS input
+    channels per group, at least SCATTER_MIN_OUTPUTS output channels per group, at most
+    SCATTER_MAX_POSITIONS output positions."""
+    return (spec.mb == 1 and spec.nsp == 3 and spec.icg >= COLUMN_CHUNKS and spec.ocg >= SCATTER_MIN_OUTPUTS
+            and math.prod(spec.dst) <= SCATTER_MAX_POSITIONS)
+
+
 def _col2im_column_chunks(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, dtype, how: str, chunks: int,
                           workspace_limit: int) -> np.ndarray | None:
-    """``column_chunks``' data gradient (derived there), or None when a chunk's column
+    """``column_chunks``' data gradient (derived there; ``how``: "channels" or "taps"), or
+    ``scatter_chunks``' ("scatter": numba must be there), or None when a chunk's column
     matrix and scatter block do not fit the workspace cap."""
     g, cg, og = spec.groups, spec.icg, spec.ocg
     t = math.prod(spec.kernel)
     k0, d0 = spec.kernel[0], spec.dilations[0]
-    per = t if how == "channels" else t // k0      # Z rows per channel, or per kernel row
+    per = t if how in ("channels", "scatter") else t // k0      # Z rows per channel, or per kernel row
     rows = math.prod(spec.dst)
     whole = Block(0, 1, 0, spec.dst[0], True)
-    cuts = _bounds(cg if how == "channels" else k0, chunks)
+    cuts = _bounds(k0 if how == "taps" else cg, chunks)
     items = [(gi, a, b) for gi in range(g) for a, b in zip(cuts, cuts[1:])]
 
     def sub(a: int, b: int) -> ConvSpec:          # the chunk's scatter as a problem of its own
-        if how == "channels":
+        if how in ("channels", "scatter"):
             return dataclasses.replace(spec, ic=b - a, oc=og, groups=1)
         return dataclasses.replace(spec, ic=1, oc=og, groups=1, kernel=(b - a,) + spec.kernel[1:])
 
     itemsize = np.dtype(dtype).itemsize
     worst = max((b - a) * per * rows * itemsize
-                + math.prod(_padded_rows(sub(a, b), whole)) * (b - a if how == "channels" else 1) * itemsize
+                + (0 if how == "scatter" else
+                   math.prod(_padded_rows(sub(a, b), whole)) * (b - a if how == "channels" else 1) * itemsize)
                 for a, b in zip(cuts, cuts[1:]))
     if worst > workspace_limit:
         return None
@@ -1995,6 +2026,22 @@ def _col2im_column_chunks(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndar
     dsrc, zero = _result(spec.src_shape, dtype, zeroed=True)
     if not zero:
         dsrc.fill(0)
+
+    jit = _spread() if how == "scatter" else None        # (the caller checked it is there)
+
+    def scatter(item) -> None:                  # straight into the chunk's own channels of dsrc
+        gi, a, b = item
+        z = _scratch("a", ((b - a) * per, rows), dtype)
+        matmul_into(w_cols[gi, a * per:b * per], dy[gi], z, False)
+        pad = 3 - spec.nsp                      # the kernel's three axes, leading ones of size 1
+        z = z.reshape((b - a,) + (1,) * pad + spec.kernel + (1,) * pad + spec.dst)
+        out = dsrc[0, gi * cg + a:gi * cg + b].reshape((b - a,) + (1,) * pad + spec.src)
+        one = (1,) * pad
+        jit.scatter_add(z, out, *(one + spec.strides), *(one + spec.dilations), *((0,) * pad + spec.pads_begin))
+
+    if jit is not None:
+        _run_blocks(scatter, items, worst, workspace_limit, (cuts[1] * per, rows, og))
+        return dsrc
 
     def work(item):
         gi, a, b = item
@@ -2007,8 +2054,8 @@ def _col2im_column_chunks(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndar
 
     def consume(result) -> None:                # input cell x = padded cell + shift - pads_begin
         (gi, a, b), padded = result
-        c0, c1 = (gi * cg + a, gi * cg + b) if how == "channels" else (gi * cg, gi * cg + 1)
-        shift = (0 if how == "channels" else a * d0,) + (0,) * (spec.nsp - 1)
+        c0, c1 = (gi * cg, gi * cg + 1) if how == "taps" else (gi * cg + a, gi * cg + b)
+        shift = (a * d0 if how == "taps" else 0,) + (0,) * (spec.nsp - 1)
         box, src = [], []
         for j in range(spec.nsp):
             lo = max(0, spec.pads_begin[j] - shift[j])
@@ -2062,6 +2109,10 @@ def conv_backward_data(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray
             return done
     if algorithm == "taps" and strided_1x1_data(spec):
         done = _strided_1x1_data(spec, diff_dst, weights, dtype, workspace_limit)
+        if done is not None:
+            return done
+    if algorithm == "im2col" and scatter_chunks(spec) and _spread() is not None:
+        done = _col2im_column_chunks(spec, diff_dst, weights, dtype, "scatter", COLUMN_CHUNKS, workspace_limit)
         if done is not None:
             return done
     blocks, worst = _plan(geom, "bwd_data", algorithm, dtype, workspace_limit, rows_target)
