@@ -456,9 +456,9 @@ def test_automatic_choice_on_layer_sized_problems_sweep():
 def test_scatter_chunks(monkeypatch):
     """The col2im data gradient in input-channel chunks scattered by the compiled loop
     (``gemm.scatter_chunks``): the rule; the float64 reference, the same bits on 1 and 2
-    threads and untouched inputs through ``algorithm="im2col"`` on 3-D problems with pads,
-    strides, dilations and groups; and the driver itself on one and two spatial axes (the
-    loop's leading axes of size 1)."""
+    threads and untouched inputs through ``algorithm="im2col"`` on 3-D problems with
+    strides, dilations and groups; and the driver itself with pads on one to three spatial
+    axes (fewer come as the loop's leading axes of size 1)."""
     from convgrad.kernels import gemm
     jit = gemm._spread()
     assert jit is not None                                   # numba is a test dependency
@@ -469,13 +469,16 @@ def test_scatter_chunks(monkeypatch):
     assert not gemm.scatter_chunks(_spec(1, 128, 256, 1, (11, 11, 11), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)))
     assert not gemm.scatter_chunks(_spec(1, 1, 256, 1, (8, 9, 9), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)))
     assert not gemm.scatter_chunks(_spec(1, 128, 256, 1, (9, 9), (3, 3), (1, 1), (1, 1), (0, 0), (0, 0)))
+    assert not gemm.scatter_chunks(_spec(1, 128, 256, 1, (6, 7, 7), (3, 3, 3), (1, 1, 1), (1, 1, 1), (1, 1, 1), (1, 1, 1)))
+    flips = _spec(1, 512, 256, 1, (8, 8, 8), (3, 3, 3), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0))
+    assert gemm.flipped_data_gradient(flips) is not None and not gemm.scatter_chunks(flips)   # im2col flips it
     calls = []
     original = jit.scatter_add
     monkeypatch.setattr(jit, "scatter_add", lambda *a: (calls.append(a[0].shape), original(*a))[1])
     rng = np.random.default_rng(31)
-    for spec in (_spec(1, 6, 256, 1, (5, 6, 7), (3, 2, 3), (1, 2, 1), (1, 1, 2), (1, 0, 1), (0, 1, 1)),
-                 _spec(1, 10, 512, 2, (4, 5, 6), (2, 3, 2), (2, 1, 1), (1, 2, 1), (0, 2, 1), (1, 1, 0)),
-                 _spec(1, 5, 256, 1, (3, 4, 6), (1, 1, 3), (1, 1, 2), (1, 1, 1), (0, 0, 2), (0, 0, 2))):
+    for spec in (_spec(1, 6, 256, 1, (5, 6, 7), (3, 2, 3), (1, 2, 1), (1, 1, 2), (0, 0, 0), (0, 0, 0)),
+                 _spec(1, 10, 512, 2, (4, 5, 6), (2, 3, 2), (2, 1, 1), (1, 2, 1), (0, 0, 0), (0, 0, 0)),
+                 _spec(1, 5, 256, 1, (3, 4, 6), (1, 1, 3), (1, 1, 2), (1, 1, 1), (0, 0, 0), (0, 0, 0))):
         assert gemm.scatter_chunks(spec), str(spec)
         w = rng.standard_normal(spec.weights_shape).astype(np.float32)
         dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
@@ -491,8 +494,9 @@ def test_scatter_chunks(monkeypatch):
         np.testing.assert_array_equal(w, before[0])
         np.testing.assert_array_equal(dy, before[1])
         assert rel_err(got[2], want) <= 1e-6, (str(spec), rel_err(got[2], want))
-    for spec in (_spec(1, 4, 3, 1, (40,), (5,), (3,), (2,), (2,), (1,)),
-                 _spec(1, 6, 4, 2, (9, 8), (3, 2), (1, 2), (2, 1), (2, 0), (1, 1))):
+    for spec in (_spec(1, 4, 3, 1, (40,), (5,), (3,), (2,), (2,), (1,)),           # pads through the loop
+                 _spec(1, 6, 4, 2, (9, 8), (3, 2), (1, 2), (2, 1), (2, 0), (1, 1)),
+                 _spec(1, 4, 6, 1, (5, 6, 7), (3, 2, 3), (1, 2, 1), (1, 1, 2), (1, 0, 1), (0, 1, 1))):
         w = rng.standard_normal(spec.weights_shape).astype(np.float32)
         dy = rng.standard_normal(spec.dst_shape).astype(np.float32)
         got = gemm._col2im_column_chunks(spec, dy, w, np.float32, "scatter", gemm.COLUMN_CHUNKS, 1 << 30)

@@ -1981,18 +1981,23 @@ def column_chunks(spec: ConvSpec, blocks: list) -> tuple[str, int]:
 # conv_8 (256 <- 512) 6.75 / 10.08 (0.66; 8.09 its slabs), then 0.62; conv_7 (256 <- 256)
 # even (0.80, 0.99, 1.02, 1.11); but conv_5 (128 <- 128, 729 positions) 8.53 / 5.88
 # (1.46): the scatter's share grows as the output channels shrink (it adds C*T*P terms
-# to the product's C*T*P*O multiply-adds). Measured on 3-D layers only, so only they take it.
+# to the product's C*T*P*O multiply-adds). Nor did more positions or padding pay (paired,
+# a test run on the other core): 128 <- 256 on an unpadded 10^3 input (512 positions)
+# 1.08, padded to keep 8^3 (512) 1.39, padded 6x7x7 (294) 1.02. Measured on unpadded 3-D
+# layers only, so only they take it.
 SCATTER_MIN_OUTPUTS = 256
-SCATTER_MAX_POSITIONS = 512
+SCATTER_MAX_POSITIONS = 300
 
 
 def scatter_chunks(spec: ConvSpec) -> bool:
     """Whether a col2im data gradient runs as the compiled scatter's channel chunks (pure;
-    derived above): one image on three spatial axes, at least COLUMN_CHUNKS input
-    channels per group, at least SCATTER_MIN_OUTPUTS output channels per group, at most
-    SCATTER_MAX_POSITIONS output positions."""
-    return (spec.mb == 1 and spec.nsp == 3 and spec.icg >= COLUMN_CHUNKS and spec.ocg >= SCATTER_MIN_OUTPUTS
-            and math.prod(spec.dst) <= SCATTER_MAX_POSITIONS)
+    derived above): one unpadded image on three spatial axes, at least COLUMN_CHUNKS
+    input channels per group, at least SCATTER_MIN_OUTPUTS output channels per group, at
+    most SCATTER_MAX_POSITIONS output positions, and not one that ``im2col`` runs as the
+    flipped forward (``flipped_data_gradient``, tried first)."""
+    return (spec.mb == 1 and spec.nsp == 3 and not any(spec.pads_begin) and not any(spec.pads_end)
+            and spec.icg >= COLUMN_CHUNKS and spec.ocg >= SCATTER_MIN_OUTPUTS
+            and math.prod(spec.dst) <= SCATTER_MAX_POSITIONS and flipped_data_gradient(spec) is None)
 
 
 def _col2im_column_chunks(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndarray, dtype, how: str, chunks: int,
