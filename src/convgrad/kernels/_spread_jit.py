@@ -1,9 +1,10 @@
-"""numba loop of the GEMM lowerings (kernel layer; imports numba, so ``gemm.py`` imports it
-only through ``_spread()``, where numba is available).
+"""numba loops of the GEMM lowerings (kernel layer; imports numba, so ``gemm.py`` imports
+it only through ``_spread()``, where numba is available).
 
 ``spread`` writes a strided 1x1 layer's data gradient: the products of the outputs' cells
 spread to the input cells they read, zeros in every other cell, each row of the result
-written once, in order.
+written once, in order. ``scatter_add`` is col2im's scatter for ``gemm.scatter_chunks``:
+a chunk's products added into the input cells their windows cover.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ def spread(z, out, row_map, s):
             else:
                 for j in range(W_out):
                     row[s * j] = src[j]
-
 
 
 @njit(**JIT)
