@@ -219,6 +219,9 @@ def test_deep_layer_summary_puts_the_peers_beside_convgrad():
     assert ("torch 75.0 (38 %); tensorflow 80.0 (40 %, 1 measurements); openvino 40.0 (20 %, 1 measurements); "
             "the best peer of each measurement 90.0 (45 %)") in text
     assert bench.deep_resnet_rate(rows[2:], 200.0) is None and bench.deep_resnet_rate(rows, None) is None
+    text = bench.render_summary(rows, {"sgemm_gflops": 200.0, "sgemm_readings": [180.0, 200.0]})
+    assert ("45 % of the measured SGEMM rate 200.0 GFLOP/s (the higher of two readings: 180.0 before the first "
+            "problem, 200.0 after the last) (2 measurements)") in text
 
 
 @pytest.mark.parametrize("form", ["this python", "3.10 form"])
