@@ -280,6 +280,23 @@ def test_a_turn_times_every_direction_before_its_checks():
     assert set(out["check"]) == {"bwd_weights", "bwd_data"} and out["peak"]["bwd_data"] > 0
 
 
+def test_problems_alone_run_without_the_default_lists():
+    """``--problem`` alone runs only the problems given (it had added them to every default
+    list, 150 problems); with ``--lists`` they are added to the lists named; neither: the
+    default lists."""
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    one = 'mb2ic4ih10oc6kh3ph1n"tiny"'
+    alone = bench._load_problems(parser.parse_args(["--problem", one]))
+    assert [p.name for p in alone] == ["tiny"]
+    added = bench._load_problems(parser.parse_args(["--lists", "pathological", "--problem", one]))
+    assert [p.name for p in added][-1] == "tiny" and len(added) == 1 + len(
+        bench.read_problems(bench.problems_dir() / "pathological"))
+    assert [p.name for p in bench._load_problems(parser.parse_args(["--lists", "--problem", one]))] == ["tiny"]
+    default = bench._load_problems(parser.parse_args([]))
+    assert {p.list_name for p in default} == set(bench.DEFAULT_LISTS)
+
+
 def test_bad_arguments_are_clear_errors(tmp_path):
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)

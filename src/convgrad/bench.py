@@ -787,7 +787,10 @@ class Row:
 def _load_problems(args) -> list[Problem]:
     problems: list[Problem] = []
     base = problems_dir()
-    for item in args.lists:
+    lists = args.lists
+    if lists is None:                     # not given: the default lists, unless problems were
+        lists = [] if args.problem else list(DEFAULT_LISTS)
+    for item in lists:
         path = Path(item)
         if not path.is_file() and base is not None:
             path = base / item
@@ -803,10 +806,12 @@ def _load_problems(args) -> list[Problem]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``convgrad bench`` (also ``python -m convgrad.bench``)."""
-    parser.add_argument("--lists", nargs="*", default=list(DEFAULT_LISTS), metavar="LIST",
-                        help="problem list files, or names of lists in benchmarks/problems (default: %(default)s)")
+    parser.add_argument("--lists", nargs="*", default=None, metavar="LIST",
+                        help="problem list files, or names of lists in benchmarks/problems (default: "
+                             f"{' '.join(DEFAULT_LISTS)}; none when --problem is given)")
     parser.add_argument("--problem", action="append", metavar="DESCRIPTOR",
-                        help="a benchdnn problem descriptor to add (repeatable)")
+                        help="a benchdnn problem descriptor to run (repeatable); alone, only these run, "
+                             "with --lists they are added to the lists' problems")
     parser.add_argument("--libraries", default=",".join(LIBRARIES),
                         help="comma-separated libraries to time (default: %(default)s)")
     parser.add_argument("--directions", default=",".join(DIRECTIONS),
