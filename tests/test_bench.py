@@ -282,7 +282,7 @@ def test_a_turn_times_every_direction_before_its_checks():
 
 def test_problems_alone_run_without_the_default_lists():
     """``--problem`` alone runs only the problems given (it had added them to every default
-    list, 150 problems); with ``--lists`` they are added to the lists named; neither: the
+    list, 64 problems); with ``--lists`` they are added to the lists named; neither: the
     default lists."""
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)

@@ -2033,16 +2033,16 @@ def _col2im_column_chunks(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndar
         dsrc.fill(0)
 
     jit = _spread() if how == "scatter" else None        # (the caller checked it is there)
+    one = (1,) * (3 - spec.nsp)                 # the loop's three axes: leading ones of size 1
+    geometry3 = one + spec.strides + one + spec.dilations + (0,) * len(one) + spec.pads_begin
 
     def scatter(item) -> None:                  # straight into the chunk's own channels of dsrc
         gi, a, b = item
         z = _scratch("a", ((b - a) * per, rows), dtype)
         matmul_into(w_cols[gi, a * per:b * per], dy[gi], z, False)
-        pad = 3 - spec.nsp                      # the kernel's three axes, leading ones of size 1
-        z = z.reshape((b - a,) + (1,) * pad + spec.kernel + (1,) * pad + spec.dst)
-        out = dsrc[0, gi * cg + a:gi * cg + b].reshape((b - a,) + (1,) * pad + spec.src)
-        one = (1,) * pad
-        jit.scatter_add(z, out, *(one + spec.strides), *(one + spec.dilations), *((0,) * pad + spec.pads_begin))
+        z = z.reshape((b - a,) + one + spec.kernel + one + spec.dst)
+        out = dsrc[0, gi * cg + a:gi * cg + b].reshape((b - a,) + one + spec.src)
+        jit.scatter_add(z, out, *geometry3)
 
     if jit is not None:
         _run_blocks(scatter, items, worst, workspace_limit, (cuts[1] * per, rows, og))
