@@ -453,6 +453,62 @@ def test_automatic_choice_on_layer_sized_problems_sweep():
 # Performance lowerings (kernels/gemm.py, kernels/blas.py): added with issue 3
 # ---------------------------------------------------------------------------------------
 
+def test_compiled_im2col_matches_numpy_copy(monkeypatch):
+    """``_spread_jit.im2col`` (``gemm._src_cols`` with numba) against NumPy's copy of the
+    windows of a padded block, bitwise: 60 random blocks on one to three spatial axes with
+    strides, dilations, pads larger than the kernel's reach, groups, blocks that start
+    below row 0, reversed windows, channel ranges of a larger input, float32 and float64;
+    whole-row 1x1 planes; and the cases the compiled copy leaves to NumPy."""
+    from convgrad.kernels import gemm
+    assert gemm._spread() is not None                        # numba is a test dependency
+    rng = np.random.default_rng(44)
+
+    def both(spec, src, b, dtype, reverse, c0):
+        got = gemm._src_cols(spec, src, b, dtype, reverse, c0).copy()
+        with monkeypatch.context() as m:
+            m.setattr(gemm, "_jit_cols", lambda *a: False)
+            want = gemm._src_cols(spec, src, b, dtype, reverse, c0).copy()
+        return got, want
+
+    seen = Counter()
+    for i in range(60):
+        nsp = 1 + i % 3
+        g = int(rng.integers(1, 3))
+        k = tuple(int(v) for v in rng.integers(1, 4, nsp))
+        s = tuple(int(v) for v in rng.integers(1, 4, nsp))
+        d = tuple(int(v) for v in rng.integers(1, 3, nsp))
+        pb = tuple(int(v) for v in rng.integers(0, 4, nsp))
+        pe = tuple(int(v) for v in rng.integers(0, 4, nsp))
+        src = tuple(int(v) for v in rng.integers(max(k) * max(d) + 1, max(k) * max(d) + 6, nsp))
+        spec = make_spec("t", mb=3, ic=2 * g, oc=g, groups=g, src=src, kernel=k, strides=s, dilations=d,
+                         pads_begin=pb, pads_end=pe)
+        dtype = (np.float32, np.float64)[i % 2]
+        extra = int(rng.integers(0, 3))                        # channels of a larger input
+        c0 = int(rng.integers(0, extra + 1))
+        x = rng.standard_normal((3, spec.ic + extra) + src).astype(dtype)
+        before = x.copy()
+        r0 = int(rng.integers(0, spec.dst[0]))
+        r1 = int(rng.integers(r0 + 1, spec.dst[0] + 1))
+        b = gemm.Block(int(rng.integers(0, 2)), int(rng.integers(1, 3)), r0, r1, False)
+        assert gemm._jit_cols(spec, x, b, dtype) == (not gemm._rows_major(spec, b)), str(spec)
+        seen[gemm._jit_cols(spec, x, b, dtype)] += 1
+        got, want = both(spec, x, b, dtype, bool(i % 4 == 1), c0)
+        np.testing.assert_array_equal(got, want, err_msg=str(spec))
+        np.testing.assert_array_equal(x, before)
+    assert seen[True] >= 40, seen
+    # 1x1 unit-stride planes: each image's rows as one copy, with and without row blocks
+    spec = make_spec("t", mb=4, ic=6, oc=5, groups=1, src=(7, 5), kernel=(1, 1), strides=1, dilations=1,
+                     pads_begin=0, pads_end=0)
+    x = rng.standard_normal((4, 6, 7, 5)).astype(np.float32)
+    for b in (gemm.Block(0, 4, 0, 7, True), gemm.Block(1, 2, 2, 5, False)):
+        got, want = both(spec, x, b, np.float32, False, 0)
+        np.testing.assert_array_equal(got, want)
+    # NumPy copies what the compiled loop does not take: a converting or strided input
+    assert not gemm._jit_cols(spec, x.astype(np.float64), gemm.Block(0, 4, 0, 7, True), np.float32)
+    assert not gemm._jit_cols(spec, x[:, :, :, ::-1], gemm.Block(0, 4, 0, 7, True), np.float32)
+    assert not gemm._jit_cols(spec, x.astype(np.float16), gemm.Block(0, 4, 0, 7, True), np.float16)
+
+
 def test_scatter_chunks(monkeypatch):
     """The col2im data gradient in input-channel chunks scattered by the compiled loop
     (``gemm.scatter_chunks``): the rule; the float64 reference, the same bits on 1 and 2

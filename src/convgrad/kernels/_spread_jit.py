@@ -4,12 +4,17 @@ it only through ``_spread()``, where numba is available).
 ``spread`` writes a strided 1x1 layer's data gradient: the products of the outputs' cells
 spread to the input cells they read, zeros in every other cell, each row of the result
 written once, in order. ``scatter_add`` is col2im's scatter for ``gemm.scatter_chunks``:
-a chunk's products added into the input cells their windows cover.
+a chunk's products added into the input cells their windows cover. ``im2col`` builds
+an im2col block's column matrix straight from the input: each window row one
+``llvm.memcpy`` (or a strided gather), the padding written as zeros, no padded copy of the
+input first.
 """
 
 from __future__ import annotations
 
 from numba import njit
+
+from ._jit_common import copy_elems, gather_strided
 
 JIT = dict(nogil=True, cache=True)
 
@@ -76,3 +81,86 @@ def scatter_add(z, out, s0, s1, s2, d0, d1, d2, p0, p1, p2):
                             orow = ((c * X0 + x0) * X1 + x1) * X2 + off2
                             for y2 in range(lo, hi):
                                 of[orow + y2 * s2] += zf[zr + y2]
+
+
+@njit(**JIT)
+def _zero(a, i, n):
+    for j in range(n):
+        a[i + j] = 0
+
+
+@njit(**JIT)
+def _inside(n, s, off, extent):
+    """``[lo, hi)``: the outputs ``y < n`` whose input cell ``y * s + off`` lies in
+    ``[0, extent)`` (an empty range as ``lo == hi``)."""
+    lo = 0
+    while lo < n and lo * s + off < 0:
+        lo += 1
+    hi = n
+    while hi > lo and (hi - 1) * s + off >= extent:
+        hi -= 1
+    return lo, hi
+
+
+@njit(**JIT)
+def im2col(src, out, at, cstride, cn, k, nb, y, n0, c0, reverse, q, s, d, p):
+    """``cols[c, k, n, y] = src[n0 + n, c0 + c, (q + y) * s + k' * d - p]`` per axis, zero
+    where that cell lies outside ``src`` (the padding), with ``k' = K - 1 - k`` when
+    ``reverse``: the K-major column matrix of ``gemm._src_cols`` for the block of outputs
+    starting at output ``q``, ``cn`` channels (``c < cn``), kernel ``k``, ``nb`` images
+    and outputs ``y`` per axis (three-element tuples, as ``q``, ``s``, ``d``, ``p``; fewer
+    spatial axes come as leading axes of size 1). ``cols`` lies in the flat ``out``:
+    channel ``c``'s part (``(K0, K1, K2, nb, Y0, Y1, Y2)``, C order) starts at element
+    ``at + c * cstride``. ``src`` is ``(N, C, X0, X1, X2)``, C-contiguous. A plain copy:
+    the result is the same for any caller's chunks.
+
+    Each row of ``Y2`` outputs is one ``copy_elems`` (a strided gather when ``s2 > 1``),
+    and the rows of a whole-width, unit-stride plane (1x1 layers) are one copy together.
+    Measured, one thread, against the NumPy copy of the windows' view through a padded
+    block: 3x3 stride 1 (128 channels, 14^2, mb4) 0.62 -> 0.32 ms, 1x1 stride 2 (256
+    channels, 28^2, mb19) 2.6 -> 1.4, 1x1 stride 1 (1024 channels, 7^2, mb9) 0.23 -> 0.17,
+    7x7 stride 2 (3 channels, 224^2, mb4) 4.4 -> 3.7.
+    """
+    K0, K1, K2 = k
+    Y0, Y1, Y2 = y
+    q0, q1, q2 = q
+    s0, s1, s2 = s
+    d0, d1, d2 = d
+    p0, p1, p2 = p
+    C, X0, X1, X2 = src.shape[1], src.shape[2], src.shape[3], src.shape[4]
+    sf = src.reshape(-1)
+    plane_len = Y1 * Y2
+    for c in range(cn):
+        row = at + c * cstride
+        for k0 in range(K0):
+            off0 = q0 * s0 + (K0 - 1 - k0 if reverse else k0) * d0 - p0
+            a0, b0 = _inside(Y0, s0, off0, X0)
+            for k1 in range(K1):
+                off1 = q1 * s1 + (K1 - 1 - k1 if reverse else k1) * d1 - p1
+                a1, b1 = _inside(Y1, s1, off1, X1)
+                for k2 in range(K2):
+                    off2 = q2 * s2 + (K2 - 1 - k2 if reverse else k2) * d2 - p2
+                    lo, hi = _inside(Y2, s2, off2, X2)
+                    whole = s1 == 1 and s2 == 1 and lo == 0 and hi == Y2 and Y2 == X2
+                    for n in range(nb):
+                        _zero(out, row, a0 * plane_len)
+                        row += a0 * plane_len
+                        for y0 in range(a0, b0):
+                            base = ((((n0 + n) * C + c0 + c) * X0 + y0 * s0 + off0) * X1 + off1) * X2 + off2
+                            _zero(out, row, a1 * Y2)
+                            if whole:                    # consecutive whole rows: one copy
+                                copy_elems(out, row + a1 * Y2, sf, base + a1 * X2, (b1 - a1) * Y2)
+                            else:
+                                for y1 in range(a1, b1):
+                                    r = row + y1 * Y2
+                                    x = base + y1 * s1 * X2
+                                    _zero(out, r, lo)
+                                    if s2 == 1:
+                                        copy_elems(out, r + lo, sf, x + lo, hi - lo)
+                                    else:
+                                        gather_strided(out, sf, r + lo, x + lo * s2, hi - lo, s2)
+                                    _zero(out, r + hi, Y2 - hi)
+                            _zero(out, row + b1 * Y2, (Y1 - b1) * Y2)
+                            row += plane_len
+                        _zero(out, row, (Y0 - b0) * plane_len)
+                        row += (Y0 - b0) * plane_len

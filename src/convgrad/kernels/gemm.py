@@ -560,10 +560,33 @@ def _rows_major(spec: ConvSpec, b: Block) -> bool:
     return spec.kernel[-1] > inner
 
 
-def _src_cols(spec: ConvSpec, src: np.ndarray, b: Block, dtype, reverse: bool = False) -> np.ndarray:
-    """Exact column matrix of a block as a (G, Cg * T, rows) view: one copy of the padded
-    block's windows (sliding-window view), no loop over taps. ``reverse``: every window
-    read back to front (tap ``j`` holds the element of tap ``K - 1 - j``)."""
+def _jit_cols(spec: ConvSpec, src: np.ndarray, b: Block, dtype) -> bool:
+    """Whether ``_spread_jit.im2col`` builds this block's column matrix: numba there, a
+    K-major matrix (``_rows_major`` keeps NumPy's copy along kernel rows), at most three
+    spatial axes, and ``src`` a C-contiguous array of the compute type (else NumPy's copy
+    converts or gathers it)."""
+    return (spec.nsp <= 3 and not _rows_major(spec, b) and src.dtype == np.dtype(dtype)
+            and np.dtype(dtype) in (np.float32, np.float64) and src.flags.c_contiguous
+            and _spread() is not None)
+
+
+def _src_cols(spec: ConvSpec, src: np.ndarray, b: Block, dtype, reverse: bool = False, c0: int = 0) -> np.ndarray:
+    """Exact column matrix of a block as a (G, Cg * T, rows) view of channels
+    ``[c0, c0 + spec.ic)`` of ``src``: one copy of the block's windows, no loop over taps
+    (compiled, ``_jit_cols``; else NumPy's copy of the sliding-window view of a padded
+    block). ``reverse``: every window read back to front (tap ``j`` holds the element of
+    tap ``K - 1 - j``)."""
+    if _jit_cols(spec, src, b, dtype):
+        rows = b.nb * (b.r1 - b.r0) * math.prod(spec.dst[1:])
+        cols = _scratch("a", (spec.ic, math.prod(spec.kernel) * rows), dtype)
+        one = (1,) * (3 - spec.nsp)                  # the loop's three axes: leading ones of size 1
+        zero = (0,) * len(one)
+        _spread().im2col(src.reshape(src.shape[:2] + one + src.shape[2:]), cols.reshape(-1), 0, cols.shape[1],
+                         spec.ic, one + spec.kernel, b.nb, one + (b.r1 - b.r0,) + spec.dst[1:], b.n0, c0, reverse,
+                         zero + (b.r0,) + (0,) * (spec.nsp - 1), one + spec.strides, one + spec.dilations,
+                         zero + spec.pads_begin)
+        return cols.reshape(spec.groups, -1, rows)
+    src = src[:, c0:c0 + spec.ic]
     padded = _scratch("c", (b.nb, spec.ic) + _padded_rows(spec, b), dtype)
     inside = _padded_box(spec, b)
     if inside is None:
@@ -1808,7 +1831,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
             b, j0, j1 = item                   # channels [j0, j1) of axis ch (all of them: one chunk)
             inputs = ch == 2 and nchunks > 1
             sub = dataclasses.replace(spec, ic=j1 - j0) if inputs else spec
-            cols = _src_cols(sub, src[:, j0:j1] if inputs else src, b, dtype)    # (G, Cg*T, rows)
+            cols = _src_cols(sub, src, b, dtype, c0=j0 if inputs else 0)        # (G, Cg*T, rows)
             rows = cols.shape[2]
             o0, o1 = (j0, j1) if ch == 1 and nchunks > 1 else (0, spec.oc)    # chunks: one group
             dy = _dst_rows(spec, diff_dst, b, dtype, o0, o1).reshape(g, (o1 - o0) // g, rows)
