@@ -1368,6 +1368,18 @@ def test_weights_gradient_channel_chunks(monkeypatch):
     for mb, chunks in ((9, 2), (12, 1)):
         deep = _spec(mb, 512, 2048, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
         assert [gemm.weight_chunks(deep, "bwd_weights", alg) for alg in FAST] == [chunks] * len(FAST)
+    # chunks first: res4a_branch2b (256 -> 256, 3x3, 14^2) at 3, 4 and 6 images, its rows
+    # within im2col's row target (8192 x 512 / 2304), runs as one block in channel chunks,
+    # not as two image blocks of at least MIN_BLOCK_ROWS rows with partial gradients
+    monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 20_000_000)
+    monkeypatch.setattr(gemm, "CHUNK_MIN_CHANNELS", 32)
+    for mb in (3, 4, 6):
+        deep = _spec(mb, 256, 256, 1, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+        assert gemm.weight_chunks(deep, "bwd_weights", "im2col") == 2
+        assert gemm._natural(gemm.geometry(deep), "bwd_weights", "im2col", dispatch.ROWS_TARGET) == (mb, 1), mb
+    wide = _spec(8, 256, 256, 1, (14, 14), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))    # 1568 rows: no chunks
+    assert gemm.weight_chunks(wide, "bwd_weights", "im2col") == 1
+    assert gemm._natural(gemm.geometry(wide), "bwd_weights", "im2col", dispatch.ROWS_TARGET) == (4, 1)
     gemm._plan_cached.cache_clear()
 
 
