@@ -1778,13 +1778,26 @@ def conv_forward(spec: ConvSpec, src: np.ndarray, weights: np.ndarray, *, dtype,
 
 def weight_chunk_axis(spec: ConvSpec, algorithm: str) -> int:
     """Axis of the (G, Og, Cg, T) weights gradient that ``weight_chunks`` splits (pure):
-    2, the input channels, for ``im2col`` with enough of them; else 1, the output channels.
+    2, the input channels, for ``im2col`` with enough of them, and for ``taps`` with enough
+    of them whose phase grids are the larger operand; else 1, the output channels.
+
+    Each chunk packs its part of the operand whose channels it splits and the whole other
+    one, so the split goes to the larger packed operand: im2col's column matrix (T rows per
+    input channel) nearly always; for ``taps`` the input's phase grids when there are more
+    of their rows (C_in x phases) than of ``diff_dst`` (C_out). resnet_50 res5b_branch2a
+    (2048 -> 512, 1x1, 7^2, mb9) had split its 512 output channels, each chunk packing all
+    2048 input rows: its two chunks as raw copies and products, paired medians of 14 rounds,
+    input / output chunks 0.93 (and the reverse layer, 512 -> 2048, 1.04).
 
     The ISTFT's weight gradient (1 input channel, 1026 outputs, 1024 taps, 224 rows) ran
     as two row slabs: two 4 MiB partials of 112-row products, then added, and each slab's
     ``diff_dst`` rows copied. Split over output channels, each half reduces over all 224
     rows into its rows of the result."""
-    if algorithm == "im2col" and spec.icg >= 2 * CHUNK_MIN_CHANNELS:
+    if spec.icg < 2 * CHUNK_MIN_CHANNELS:
+        return 1
+    if algorithm == "im2col":
+        return 2
+    if algorithm == "taps" and spec.icg * len(geometry(spec).phases) > spec.ocg:
         return 2
     return 1
 
@@ -1828,7 +1841,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     blocks, worst = _plan(geom, "bwd_weights", algorithm, dtype, workspace_limit, rows_target)
     per, slabs = _natural(geom, "bwd_weights", algorithm, rows_target)
     nchunks = weight_chunks(spec, "bwd_weights", algorithm) if slabs == 1 and per >= spec.mb else 1
-    ch = weight_chunk_axis(spec, algorithm)                  # the chunked axis of (G, Og, Cg, T)
+    ch = weight_chunk_axis(spec, algorithm) if nchunks > 1 else 1     # the chunked axis of (G, Og, Cg, T)
     cuts = _bounds(cg if ch == 2 else og, nchunks)
     items = [(b, o0, o1) for b in blocks for o0, o1 in zip(cuts, cuts[1:])]
     columns = 1                                               # input-channel chunks (pointwise)
@@ -1837,7 +1850,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
 
         def work(item, out=None) -> np.ndarray:
             b, j0, j1 = item                   # channels [j0, j1) of axis ch (all of them: one chunk)
-            inputs = ch == 2 and nchunks > 1
+            inputs = ch == 2
             sub = dataclasses.replace(spec, ic=j1 - j0) if inputs else spec
             cols = _src_cols(sub, src, b, dtype, c0=j0 if inputs else 0)        # (G, Cg*T, rows)
             rows = cols.shape[2]
@@ -1862,8 +1875,8 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
             items = [(blocks[0], c0, c1) for c0, c1 in zip(cuts, cuts[1:])]
 
         def work(item, out=None) -> np.ndarray:                            # dW = sum_n dY_n @ X_n^T
-            b, j0, j1 = item                   # output channels [j0, j1), or input ones (columns)
-            o0, o1, c0, c1 = (0, og, j0, j1) if columns > 1 else (j0, j1, 0, cg)
+            b, j0, j1 = item                   # output channels [j0, j1), or input ones (columns, ch 2)
+            o0, o1, c0, c1 = (0, og, j0, j1) if columns > 1 or ch == 2 else (j0, j1, 0, cg)
             part = np.empty((1, g, o1 - o0, c1 - c0), dtype=dtype) if out is None else out
             if halves:                                                     # b: (n, p0, p1) segments
                 pairs = ((dy_n[n, :, :, p0:p1], x_n[n, :, :, p0:p1]) for n, p0, p1 in b)
@@ -1875,19 +1888,24 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
             return part
     else:
         layout, order = (t, g, og, cg), (1, 2, 3, 0)          # (T, G, Og, Cg) -> (G, Og, Cg, T)
+        inputs = ch == 2                                      # input-channel chunks (one group)
 
         def work(item, out=None) -> np.ndarray:
-            b, o0, o1 = item
+            b, j0, j1 = item                  # channels [j0, j1) of axis ch (all of them: one chunk)
+            o0, o1 = (0, og) if inputs else (j0, j1)
             rows0 = _grid_rows(geom, b)
-            flat = _src_flat(geom, src, b, rows0, dtype)
+            if inputs:                        # the chunk's input channels' phase grids only
+                flat = _src_flat(geometry(dataclasses.replace(spec, ic=j1 - j0)), src[:, j0:j1], b, rows0, dtype)
+            else:
+                flat = _src_flat(geom, src, b, rows0, dtype)
             span = flat.shape[-1] - geom.max_off
             dy = _rows_in_place(geom, diff_dst, b, b.r0, b.r1 - b.r0, geom.q, g, dtype)
             if dy is None or dy.shape[-1] != span:
-                part_dst = diff_dst if nchunks == 1 else diff_dst[:, o0:o1]
+                part_dst = diff_dst if o1 - o0 == og else diff_dst[:, o0:o1]
                 dy = _dst_grid(geom, part_dst, b, rows0, b.r0, dtype).reshape(g, o1 - o0, -1)[:, :, :span]
             else:
                 dy = dy[:, o0:o1]
-            part = np.empty((t, g, o1 - o0, cg), dtype=dtype) if out is None else out
+            part = np.empty((t, g, o1 - o0, flat.shape[2]), dtype=dtype) if out is None else out
             for i, (ph, off) in enumerate(geom.taps):
                 if og == 1 and cg == 1:                # depthwise: one dot per group, no BLAS
                     np.einsum("gp,gp->g", dy[:, 0], flat[ph, :, 0, off:off + span], out=part[i, :, 0, 0])
@@ -1900,8 +1918,8 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
         product = (og, m * t, rows) if ch == 2 else (m, cg * t, rows)
         at = ch                                                # the chunked axis of the layout
     else:
-        product = NO_PRODUCT if og == cg == 1 else (m, cg, rows)
-        at = 3 if columns > 1 else 2                           # (T or 1, G, Og, Cg): Cg or Og
+        product = NO_PRODUCT if og == cg == 1 else ((og, m, rows) if ch == 2 else (m, cg, rows))
+        at = 3 if columns > 1 or ch == 2 else 2                # (T or 1, G, Og, Cg): Cg or Og
     if not blocks:
         return np.zeros(spec.weights_shape, dtype=dtype)
     if len(blocks) == 1 or nchunks > 1:
