@@ -54,7 +54,8 @@ spread the channel chunks' products the same way (``packed_pointwise_chunks``). 
 ``im2col``: the exact column matrix (no wide rows: best for small images, whose halo
 would waste flops, and for few channels, whose per-tap products are too thin). For output
 position ``y`` and tap ``k`` the column holds ``src[y*s + k*d - pb]`` (zero in the
-padding), so with ``cols[(k, c), y]``:
+padding), so with ``cols[(k, c), y]`` (built by one compiled pass over the input where
+numba is there, ``_spread_jit.im2col``; else NumPy's copy of a padded block's windows):
 
     fwd          Y  = W_cols @ cols                                       (K = taps * Cg)
     bwd_weights  dW = dY @ cols^T                                         (K = rows)
@@ -76,8 +77,9 @@ from the problem alone, balanced (equal image counts, slabs within one row of ea
 other, an even count for large problems); the workspace cap only shrinks a block when
 one does not fit, and partial sums are added in block order, so results do not depend on
 the cap in the usual range. A weights gradient with few rows and many channels (deep
-layers) is split over channels instead of rows (``weight_chunks``): each chunk writes its
-part of the result, with no result-sized partial sums.
+layers) is split over channels instead of rows (``weight_chunks``; the input channels
+where their packed rows are the larger operand, ``weight_chunk_axis``): each chunk writes
+its part of the result, with no result-sized partial sums.
 
 A block's packing temporaries (phase grids, column matrices, packed ``diff_dst``, result
 rows before they are copied out) live in per-thread scratch buffers reused from block to
