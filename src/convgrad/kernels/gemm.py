@@ -573,10 +573,14 @@ def _rows_major(spec: ConvSpec, b: Block) -> bool:
 def _jit_cols(spec: ConvSpec, src: np.ndarray, b: Block, dtype) -> bool:
     """Whether ``_spread_jit.im2col`` builds this block's column matrix: numba there, a
     K-major matrix (``_rows_major`` keeps NumPy's copy along kernel rows), at most three
-    spatial axes, and ``src`` a C-contiguous array of the compute type (else NumPy's copy
-    converts or gathers it)."""
+    spatial axes, and ``src`` a C-contiguous float32 array, the compute type (else NumPy's
+    copy converts or gathers it). float32 only, the type the copy was measured to pay in:
+    a float64 call neither imports numba nor compiles a second specialization for it (two
+    300 MiB Dask workers of the tests' float64 weight gradient, whose blocks had never
+    loaded numba, went past their pause threshold compiling it and the call never
+    finished)."""
     return (spec.nsp <= 3 and not _rows_major(spec, b) and src.dtype == np.dtype(dtype)
-            and np.dtype(dtype) in (np.float32, np.float64) and src.flags.c_contiguous
+            and np.dtype(dtype) == np.float32 and src.flags.c_contiguous
             and _spread() is not None)
 
 
