@@ -103,16 +103,15 @@ def _inside(n, s, off, extent):
 
 
 @njit(**JIT)
-def im2col(src, out, at, cstride, cn, k, nb, y, n0, c0, reverse, q, s, d, p):
+def im2col(src, out, cn, k, nb, y, n0, c0, reverse, q, s, d, p):
     """``cols[c, k, n, y] = src[n0 + n, c0 + c, (q + y) * s + k' * d - p]`` per axis, zero
     where that cell lies outside ``src`` (the padding), with ``k' = K - 1 - k`` when
     ``reverse``: the K-major column matrix of ``gemm._src_cols`` for the block of outputs
     starting at output ``q``, ``cn`` channels (``c < cn``), kernel ``k``, ``nb`` images
     and outputs ``y`` per axis (three-element tuples, as ``q``, ``s``, ``d``, ``p``; fewer
-    spatial axes come as leading axes of size 1). ``cols`` lies in the flat ``out``:
-    channel ``c``'s part (``(K0, K1, K2, nb, Y0, Y1, Y2)``, C order) starts at element
-    ``at + c * cstride``. ``src`` is ``(N, C, X0, X1, X2)``, C-contiguous. A plain copy:
-    the result is the same for any caller's chunks.
+    spatial axes come as leading axes of size 1). ``out`` is ``cols`` flat, C order
+    ``(cn, K0, K1, K2, nb, Y0, Y1, Y2)``; ``src`` is ``(N, C, X0, X1, X2)``, C-contiguous.
+    A plain copy: the result is the same for any caller's chunks.
 
     Each row of ``Y2`` outputs is one ``copy_elems`` (a strided gather when ``s2 > 1``),
     and the rows of a whole-width, unit-stride plane (1x1 layers) are one copy together.
@@ -130,8 +129,8 @@ def im2col(src, out, at, cstride, cn, k, nb, y, n0, c0, reverse, q, s, d, p):
     C, X0, X1, X2 = src.shape[1], src.shape[2], src.shape[3], src.shape[4]
     sf = src.reshape(-1)
     plane_len = Y1 * Y2
+    row = 0                                   # the next element of ``out``, in its C order
     for c in range(cn):
-        row = at + c * cstride
         for k0 in range(K0):
             off0 = q0 * s0 + (K0 - 1 - k0 if reverse else k0) * d0 - p0
             a0, b0 = _inside(Y0, s0, off0, X0)

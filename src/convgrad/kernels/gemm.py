@@ -570,6 +570,13 @@ def _rows_major(spec: ConvSpec, b: Block) -> bool:
     return spec.kernel[-1] > inner
 
 
+def _loop_axes(spec: ConvSpec) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+    """(strides, dilations, pads_begin) on the compiled loops' three spatial axes (pure):
+    fewer axes come first as axes of size 1 (stride and dilation 1, no padding)."""
+    one = (1,) * (3 - spec.nsp)
+    return one + spec.strides, one + spec.dilations, (0,) * len(one) + spec.pads_begin
+
+
 def _jit_cols(spec: ConvSpec, src: np.ndarray, b: Block, dtype) -> bool:
     """Whether ``_spread_jit.im2col`` builds this block's column matrix: numba there, a
     K-major matrix (``_rows_major`` keeps NumPy's copy along kernel rows), at most three
@@ -593,12 +600,10 @@ def _src_cols(spec: ConvSpec, src: np.ndarray, b: Block, dtype, reverse: bool = 
     if _jit_cols(spec, src, b, dtype):
         rows = b.nb * (b.r1 - b.r0) * math.prod(spec.dst[1:])
         cols = _scratch("a", (spec.ic, math.prod(spec.kernel) * rows), dtype)
-        one = (1,) * (3 - spec.nsp)                  # the loop's three axes: leading ones of size 1
-        zero = (0,) * len(one)
-        _spread().im2col(src.reshape(src.shape[:2] + one + src.shape[2:]), cols.reshape(-1), 0, cols.shape[1],
-                         spec.ic, one + spec.kernel, b.nb, one + (b.r1 - b.r0,) + spec.dst[1:], b.n0, c0, reverse,
-                         zero + (b.r0,) + (0,) * (spec.nsp - 1), one + spec.strides, one + spec.dilations,
-                         zero + spec.pads_begin)
+        one = (1,) * (3 - spec.nsp)
+        _spread().im2col(src.reshape(src.shape[:2] + one + src.shape[2:]), cols.reshape(-1), spec.ic,
+                         one + spec.kernel, b.nb, one + (b.r1 - b.r0,) + spec.dst[1:], b.n0, c0, reverse,
+                         (0,) * len(one) + (b.r0,) + (0,) * (spec.nsp - 1), *_loop_axes(spec))
         return cols.reshape(spec.groups, -1, rows)
     src = src[:, c0:c0 + spec.ic]
     padded = _scratch("c", (b.nb, spec.ic) + _padded_rows(spec, b), dtype)
@@ -1851,12 +1856,12 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     cuts = _bounds(cg if ch == 2 else og, nchunks)
     items = [(b, o0, o1) for b in blocks for o0, o1 in zip(cuts, cuts[1:])]
     columns = 1                                               # input-channel chunks (pointwise)
+    inputs = ch == 2                                          # input-channel chunks (one group)
     if algorithm == "im2col":
         layout, order = (g, og, cg, t), (0, 1, 2, 3)          # already (G, Og, Cg, T)
 
         def work(item, out=None) -> np.ndarray:
             b, j0, j1 = item                   # channels [j0, j1) of axis ch (all of them: one chunk)
-            inputs = ch == 2
             sub = dataclasses.replace(spec, ic=j1 - j0) if inputs else spec
             cols = _src_cols(sub, src, b, dtype, c0=j0 if inputs else 0)        # (G, Cg*T, rows)
             rows = cols.shape[2]
@@ -1882,7 +1887,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
 
         def work(item, out=None) -> np.ndarray:                            # dW = sum_n dY_n @ X_n^T
             b, j0, j1 = item                   # output channels [j0, j1), or input ones (columns, ch 2)
-            o0, o1, c0, c1 = (0, og, j0, j1) if columns > 1 or ch == 2 else (j0, j1, 0, cg)
+            o0, o1, c0, c1 = (0, og, j0, j1) if columns > 1 or inputs else (j0, j1, 0, cg)
             part = np.empty((1, g, o1 - o0, c1 - c0), dtype=dtype) if out is None else out
             if halves:                                                     # b: (n, p0, p1) segments
                 pairs = ((dy_n[n, :, :, p0:p1], x_n[n, :, :, p0:p1]) for n, p0, p1 in b)
@@ -1894,7 +1899,6 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
             return part
     else:
         layout, order = (t, g, og, cg), (1, 2, 3, 0)          # (T, G, Og, Cg) -> (G, Og, Cg, T)
-        inputs = ch == 2                                      # input-channel chunks (one group)
 
         def work(item, out=None) -> np.ndarray:
             b, j0, j1 = item                  # channels [j0, j1) of axis ch (all of them: one chunk)
@@ -2089,7 +2093,7 @@ def _col2im_column_chunks(spec: ConvSpec, diff_dst: np.ndarray, weights: np.ndar
 
     jit = _spread() if how == "scatter" else None        # (the caller checked it is there)
     one = (1,) * (3 - spec.nsp)                 # the loop's three axes: leading ones of size 1
-    geometry3 = one + spec.strides + one + spec.dilations + (0,) * len(one) + spec.pads_begin
+    geometry3 = sum(_loop_axes(spec), ())
 
     def scatter(item) -> None:                  # straight into the chunk's own channels of dsrc
         gi, a, b = item
