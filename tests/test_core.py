@@ -503,6 +503,21 @@ def test_compiled_im2col_matches_numpy_copy(monkeypatch):
     for b in (gemm.Block(0, 4, 0, 7, True), gemm.Block(1, 2, 2, 5, False)):
         got, want = both(spec, x, b, np.float32, False, 0)
         np.testing.assert_array_equal(got, want)
+    # unit strides, output rows as wide as the input's ("same" pads, symmetric or not,
+    # dilated, reversed, row blocks): each window plane is one copy and its shifted-out
+    # cells are zeroed after it
+    for src, k, d, pb, pe in (((7, 7), (3, 3), 1, 1, 1), ((6, 9), (3, 2), 1, (2, 0), (0, 1)),
+                              ((5, 8), (2, 3), 2, (1, 4), (1, 0)), ((11,), (5,), 1, 1, 3),
+                              ((4, 3, 6), (3, 2, 3), 1, (1, 0, 2), (1, 1, 0)), ((3, 9), (3, 9), 1, (1, 4), (1, 4))):
+        spec = make_spec("t", mb=3, ic=4, oc=3, groups=1, src=src, kernel=k, strides=1, dilations=d,
+                         pads_begin=pb, pads_end=pe)
+        assert spec.dst[-1] == src[-1], spec
+        x = rng.standard_normal((3, 5) + src).astype(np.float32)
+        for b, reverse, c0 in ((gemm.Block(0, 3, 0, spec.dst[0], True), False, 0),
+                               (gemm.Block(1, 2, spec.dst[0] // 2, spec.dst[0], False), True, 1)):
+            assert gemm._jit_cols(spec, x, b, np.float32)
+            got, want = both(spec, x, b, np.float32, reverse, c0)
+            np.testing.assert_array_equal(got, want, err_msg=str(spec))
     # NumPy copies what the compiled loop does not take: a converting or strided input,
     # other compute types (float64: no numba import, no second compilation)
     assert not gemm._jit_cols(spec, x.astype(np.float64), gemm.Block(0, 4, 0, 7, True), np.float32)

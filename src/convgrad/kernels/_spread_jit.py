@@ -113,12 +113,15 @@ def im2col(src, out, cn, k, nb, y, n0, c0, reverse, q, s, d, p):
     ``(cn, K0, K1, K2, nb, Y0, Y1, Y2)``; ``src`` is ``(N, C, X0, X1, X2)``, C-contiguous.
     A plain copy: the result is the same for any caller's chunks.
 
-    Each row of ``Y2`` outputs is one ``copy_elems`` (a strided gather when ``s2 > 1``),
-    and the rows of a whole-width, unit-stride plane (1x1 layers) are one copy together.
-    Measured, one thread, against the NumPy copy of the windows' view through a padded
-    block: 3x3 stride 1 (128 channels, 14^2, mb4) 0.62 -> 0.32 ms, 1x1 stride 2 (256
-    channels, 28^2, mb19) 2.6 -> 1.4, 1x1 stride 1 (1024 channels, 7^2, mb9) 0.23 -> 0.17,
-    7x7 stride 2 (3 channels, 224^2, mb4) 4.4 -> 3.7.
+    Each row of ``Y2`` outputs is one ``copy_elems`` (a strided gather when ``s2 > 1``);
+    with unit strides and rows as wide as the input's ("same" pads, 1x1 layers) a window's
+    whole plane of rows is one copy (derived below). Measured, one thread, against the
+    NumPy copy of the windows' view through a padded block: 3x3 stride 1 (128 channels,
+    14^2, mb4) 0.62 -> 0.32 ms, 1x1 stride 2 (256 channels, 28^2, mb19) 2.6 -> 1.4, 1x1
+    stride 1 (1024 channels, 7^2, mb9) 0.23 -> 0.17, 7x7 stride 2 (3 channels, 224^2,
+    mb4) 4.4 -> 3.7; one copy per plane against one per row, 3x3 "same" stride 1, mb4
+    (stop 45): 256 channels at 7^2 0.54 -> 0.24 ms, 128 at 14^2 0.41 -> 0.23, 64 at 28^2
+    0.45 -> 0.32, 32 at 56^2 0.85 -> 0.78.
     """
     K0, K1, K2 = k
     Y0, Y1, Y2 = y
@@ -140,25 +143,40 @@ def im2col(src, out, cn, k, nb, y, n0, c0, reverse, q, s, d, p):
                 for k2 in range(K2):
                     off2 = q2 * s2 + (K2 - 1 - k2 if reverse else k2) * d2 - p2
                     lo, hi = _inside(Y2, s2, off2, X2)
-                    whole = s1 == 1 and s2 == 1 and lo == 0 and hi == Y2 and Y2 == X2
+                    # Unit strides and rows as wide as the input's: every window row sits at
+                    # one offset from its input row, so the rows' cells (y1, y2) and their
+                    # input cells are two ranges of one length, and one copy moves them all;
+                    # the few cells whose input lies left or right of the input row (the
+                    # copy fills them with the neighbouring row's ends) are zeroed after it.
+                    plane = s1 == 1 and s2 == 1 and Y2 == X2
                     for n in range(nb):
                         _zero(out, row, a0 * plane_len)
                         row += a0 * plane_len
                         for y0 in range(a0, b0):
                             base = ((((n0 + n) * C + c0 + c) * X0 + y0 * s0 + off0) * X1 + off1) * X2 + off2
+                            if plane:
+                                if b1 > a1 and hi > lo:
+                                    first = a1 * Y2 + lo
+                                    last = (b1 - 1) * Y2 + hi
+                                    _zero(out, row, first)
+                                    copy_elems(out, row + first, sf, base + first, last - first)
+                                    for y1 in range(a1, b1 - 1):
+                                        _zero(out, row + y1 * Y2 + hi, Y2 - hi + lo)
+                                    _zero(out, row + last, plane_len - last)
+                                else:
+                                    _zero(out, row, plane_len)
+                                row += plane_len
+                                continue
                             _zero(out, row, a1 * Y2)
-                            if whole:                    # consecutive whole rows: one copy
-                                copy_elems(out, row + a1 * Y2, sf, base + a1 * X2, (b1 - a1) * Y2)
-                            else:
-                                for y1 in range(a1, b1):
-                                    r = row + y1 * Y2
-                                    x = base + y1 * s1 * X2
-                                    _zero(out, r, lo)
-                                    if s2 == 1:
-                                        copy_elems(out, r + lo, sf, x + lo, hi - lo)
-                                    else:
-                                        gather_strided(out, sf, r + lo, x + lo * s2, hi - lo, s2)
-                                    _zero(out, r + hi, Y2 - hi)
+                            for y1 in range(a1, b1):
+                                r = row + y1 * Y2
+                                x = base + y1 * s1 * X2
+                                _zero(out, r, lo)
+                                if s2 == 1:
+                                    copy_elems(out, r + lo, sf, x + lo, hi - lo)
+                                else:
+                                    gather_strided(out, sf, r + lo, x + lo * s2, hi - lo, s2)
+                                _zero(out, r + hi, Y2 - hi)
                             _zero(out, row + b1 * Y2, (Y1 - b1) * Y2)
                             row += plane_len
                         _zero(out, row, (Y0 - b0) * plane_len)
