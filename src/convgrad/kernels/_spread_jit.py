@@ -132,6 +132,12 @@ def im2col(src, out, cn, k, nb, y, n0, c0, reverse, q, s, d, p):
     C, X0, X1, X2 = src.shape[1], src.shape[2], src.shape[3], src.shape[4]
     sf = src.reshape(-1)
     plane_len = Y1 * Y2
+    # Unit strides and rows as wide as the input's: every window row sits at one offset
+    # from its input row, so a plane's cells (y1, y2) and their input cells are two ranges
+    # of one length, and one copy moves them all; the few cells whose input lies left or
+    # right of the input row (the copy fills them with the neighbouring row's ends) are
+    # zeroed after it.
+    plane = s1 == 1 and s2 == 1 and Y2 == X2
     row = 0                                   # the next element of ``out``, in its C order
     for c in range(cn):
         for k0 in range(K0):
@@ -143,12 +149,6 @@ def im2col(src, out, cn, k, nb, y, n0, c0, reverse, q, s, d, p):
                 for k2 in range(K2):
                     off2 = q2 * s2 + (K2 - 1 - k2 if reverse else k2) * d2 - p2
                     lo, hi = _inside(Y2, s2, off2, X2)
-                    # Unit strides and rows as wide as the input's: every window row sits at
-                    # one offset from its input row, so the rows' cells (y1, y2) and their
-                    # input cells are two ranges of one length, and one copy moves them all;
-                    # the few cells whose input lies left or right of the input row (the
-                    # copy fills them with the neighbouring row's ends) are zeroed after it.
-                    plane = s1 == 1 and s2 == 1 and Y2 == X2
                     for n in range(nb):
                         _zero(out, row, a0 * plane_len)
                         row += a0 * plane_len
