@@ -795,6 +795,32 @@ def test_blocked_dispatch_rule_amd_zen_avx512():
             == [d for d in dispatch.DIRECTIONS if dispatch.blocked_pays(resnet, d, 256)])   # 256-bit: those rules
 
 
+def test_blocked_dispatch_rule_amd_zen4():
+    """On a Zen 4 (``znver4``: AVX-512 on 256-bit units) the Zen rules less three that lost
+    there: stride-1 1x1 weight gradients on the streamed path (the dot kernel stays), 1x1
+    data gradients with more than twice as many input channels (rows) as output channels
+    (the reduction), and 1-D data gradients on the NCX rows (pure: no host needed)."""
+    def pays(spec, cpu="znver4"):
+        return [d for d in dispatch.DIRECTIONS if dispatch.blocked_pays(spec, d, 512, cpu)]
+
+    resnet = _spec(4, 64, 64, 1, (56, 56), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1))
+    streamed = _spec(9, 64, 256, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))     # res2a_branch1
+    narrow_1x1 = _spec(38, 64, 64, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))   # dot kernel
+    tall = _spec(9, 256, 64, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))         # res2b_branch2a
+    tall_28 = _spec(9, 512, 128, 1, (28, 28), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))     # res3b_branch2a
+    twice = _spec(9, 128, 64, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
+    wavenet = _spec(8, 32, 32, 1, (10543,), (2,), (1,), (1,), (0,), (0,))
+    assert pays(resnet) == pays(resnet, "znver5") == list(dispatch.DIRECTIONS)
+    assert "bwd_weights" in pays(streamed, "znver5") and "bwd_weights" not in pays(streamed)
+    assert "bwd_data" in pays(streamed)                                  # 64 rows over 256
+    assert pays(narrow_1x1) == pays(narrow_1x1, "znver5") == list(dispatch.DIRECTIONS)
+    for spec in (tall, tall_28):
+        assert "bwd_data" in pays(spec, "znver5") and "bwd_data" not in pays(spec), str(spec)
+    assert "bwd_data" in pays(twice)
+    assert "bwd_data" in pays(wavenet, "znver5") and pays(wavenet) == ["fwd", "bwd_weights"]
+    assert dispatch.choose_algorithm(wavenet, "bwd_data") in ("direct", "taps", "im2col")
+
+
 @needs_blocked
 def test_blocked_workspace_cap():
     """The automatic choice falls back to the GEMM lowerings when the copies do not fit the

@@ -435,6 +435,8 @@ def blocked_pays(spec: ConvSpec, direction: str, vector_bits: int | None = None,
 def _host_rule(spec: ConvSpec, direction: str, vector_bits: int, cpu: str) -> bool:
     if vector_bits == 256:
         return _blocked_rule_256(spec, direction)
+    if cpu == "znver4":
+        return _blocked_rule_zen4(spec, direction)
     return _blocked_rule_zen(spec, direction) if cpu.startswith("znver") else _blocked_rule(spec, direction)
 
 
@@ -538,6 +540,42 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
     if direction == "bwd_data":
         return _prod(spec.weights_shape) <= BLOCKED_ZEN_MAX_WEIGHT_RATIO * (
             spec.mb * (spec.ic * _prod(spec.src) + spec.oc * _prod(spec.dst)))
+    return True
+
+
+# On a Zen 4 (LLVM ``znver4``, AMD EPYC family 25 model 17: AVX-512 on 256-bit units, each
+# 512-bit operation two passes, 1 MiB L2 per core; OpenBLAS's SkylakeX kernels at 200
+# GFLOP/s on 2 threads) the Zen rules above, measured on a Zen 5 with full-width units,
+# lose in three places to OpenBLAS's GEMMs or the thin kernel. In one process, the
+# algorithms alternating (12 rounds of a 0.05 s pause, 64 MB of other traffic, a warm-up
+# and 3 calls; medians, ms, blocked / the better other; a 4-round sweep of every list
+# agreed):
+#  - stride-1 1x1 weight gradients on the streamed channels-last path: res2a_branch1
+#    (64 -> 256, 56^2, mb9) 9.45 / 7.15 taps (sweep 9.43 / 7.28); 256 -> 64 and 128 -> 128
+#    tie (8.56 / 8.85, 6.36 / 6.28), so only the NCX dot kernel stays;
+#  - stride-1 1x1 data gradients strip by strip with more than
+#    ZEN4_POINTWISE_DATA_MAX_ROW_RATIO input channels (rows) per output channel (the
+#    reduction): res3b_branch2a (512 <- 128, 28^2, mb9) 6.65 / 5.79 taps (sweep 6.09 /
+#    5.46), res2b_branch2a (256 <- 64, 56^2) 7.90 / 7.24 (7.48 / 6.91); those with fewer
+#    rows still win or tie: mobilenet conv2 (32 <- 64, 112^2) 8.61 / 9.19, conv4 (128 <-
+#    128) 5.92 / 6.30, res2a_branch1 (64 <- 256) 7.12 / 7.36, res3a_branch2c (128 <- 512)
+#    5.61 / 5.70;
+#  - 1-D data gradients on the NCX rows (``blocked.line_spec``) against the thin kernel:
+#    wavenet 32 ch k2 mb1 x 84350 3.42 / 2.88, mb256 x 329 4.02 / 3.89 (sweep: 9 of the
+#    10 dilated layers 1.03-1.14 slower on blocked, mb128 x 658 0.84).
+ZEN4_POINTWISE_DATA_MAX_ROW_RATIO = 2
+
+
+def _blocked_rule_zen4(spec: ConvSpec, direction: str) -> bool:
+    if not _blocked_rule_zen(spec, direction):
+        return False
+    if direction == "bwd_data" and blocked.line_spec(spec):
+        return False
+    if _prod(spec.kernel) == 1 and pointwise_spec(spec):
+        if direction == "bwd_weights":
+            return blocked.pointwise_weights(spec)
+        if direction == "bwd_data":
+            return spec.icg <= ZEN4_POINTWISE_DATA_MAX_ROW_RATIO * spec.ocg
     return True
 
 
