@@ -571,7 +571,7 @@ def _blocked_rule_zen4(spec: ConvSpec, direction: str) -> bool:
         return False
     if direction == "bwd_data" and blocked.line_spec(spec):
         return False
-    if _prod(spec.kernel) == 1 and pointwise_spec(spec):
+    if pointwise_spec(spec):                                    # (a 1x1 kernel)
         if direction == "bwd_weights":
             return blocked.pointwise_weights(spec)
         if direction == "bwd_data":
