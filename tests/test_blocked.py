@@ -170,6 +170,49 @@ def test_blocked_weight_gradient_segments(monkeypatch):
         _check(spec, rng, tag="segments")
 
 
+@needs_blocked
+def test_streamed_weight_gradient_reads_the_input_in_place(monkeypatch):
+    """The streamed weight gradient reads the NCX input in place (``ncx_weights``): each
+    tap sums over the positions whose cell is real, the same range in every row (pads at
+    both ends, strides and dilations along the last axis, taps with no real cell at all,
+    rows cut into segments); groups, 1-3 axes, C_in != C_out. Against the reference, the
+    channels-last copies it replaced (NCX_WEIGHTS off), and the same bits on 1 and 2
+    threads; the inputs are not modified."""
+    monkeypatch.setattr(blocked, "WEIGHT_PARTS", 3)
+    monkeypatch.setattr(blocked, "POINTWISE_WEIGHTS_MAX_CHANNELS", 0)    # 1x1 and 1-D rows too
+    rng = np.random.default_rng(29)
+    specs = [_spec(4, 6, 20, 1, (9, 13), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
+             _spec(3, 12, 20, 2, (9, 14), (3, 5), (2, 3), (1, 2), (1, 4), (0, 2)),
+             _spec(4, 8, 18, 1, (5, 4), (2, 3), (1, 1), (1, 1), (0, 6), (0, 6)),     # taps wholly in the pads
+             _spec(4, 5, 33, 1, (61,), (4,), (2,), (3,), (5,), (2,)),
+             _spec(2, 6, 18, 1, (5, 6, 9), (3, 2, 3), (1, 2, 2), (1, 1, 1), (1, 1, 1), (1, 0, 2)),
+             _spec(5, 24, 10, 1, (11, 12), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))]    # strided 1x1
+    for chunk in (None, 1):                                  # whole rows, then segments
+        if chunk:
+            monkeypatch.setattr(blocked, "ROW_CHUNK_BYTES", {256: chunk, 512: chunk})
+        for spec in specs:
+            assert blocked.ncx_weights(spec), str(spec)
+            if chunk:
+                assert blocked._weight_parts(spec)[2] > 1 or spec.dst[-1] <= blocked._lanes()[0], str(spec)
+            x, _, dy = _inputs(spec, rng, np.float32)
+            kept = (x.copy(), dy.copy())
+            got = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="blocked")
+            want = ref.conv_backward_weights(spec, x.astype(np.float64), dy.astype(np.float64))
+            assert rel_err(got, want) <= 1e-6, str(spec)
+            TALLY.record(("bwd_weights", "float32", f"{spec.nsp}-D", "in place"), rel_err(got, want))
+            monkeypatch.setattr(blocked, "NCX_WEIGHTS", False)
+            copied = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="blocked")
+            monkeypatch.setattr(blocked, "NCX_WEIGHTS", True)
+            assert rel_err(got, copied) <= 1e-6, str(spec)
+            assert np.array_equal(kept[0], x) and np.array_equal(kept[1], dy)
+            cg.set_num_threads(1)
+            try:
+                one = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="blocked")
+            finally:
+                cg.set_num_threads(None)
+            assert np.array_equal(one, got), str(spec)
+
+
 def test_weight_gradient_schedule_is_pure_and_sized():
     """The streamed schedule for small weights over many rows (first layers), with long
     rows cut into segments that fit the chunk; whole copies for large weights and for
@@ -797,7 +840,8 @@ def test_blocked_dispatch_rule_amd_zen_avx512():
 
 def test_blocked_dispatch_rule_amd_zen4():
     """On a Zen 4 (``znver4``: AVX-512 on 256-bit units) the Zen rules less three that lost
-    there: stride-1 1x1 weight gradients on the streamed path (the dot kernel stays), 1x1
+    there: stride-1 1x1 weight gradients on the streamed path (the dot kernel stays, and
+    the input read in place for at least twice as many input as output channels), 1x1
     data gradients with more than twice as many input channels (rows) as output channels
     (the reduction), and 1-D data gradients on the NCX rows (pure: no host needed)."""
     def pays(spec, cpu="znver4"):
@@ -810,8 +854,12 @@ def test_blocked_dispatch_rule_amd_zen4():
     tall_28 = _spec(9, 512, 128, 1, (28, 28), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))     # res3b_branch2a
     twice = _spec(9, 128, 64, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
     wavenet = _spec(8, 32, 32, 1, (10543,), (2,), (1,), (1,), (0,), (0,))
+    square = _spec(9, 128, 128, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))      # mobilenet conv4
     assert pays(resnet) == pays(resnet, "znver5") == list(dispatch.DIRECTIONS)
     assert "bwd_weights" in pays(streamed, "znver5") and "bwd_weights" not in pays(streamed)
+    assert "bwd_weights" not in pays(square)
+    for spec in (tall, tall_28):                                         # read in place: 4x the rows
+        assert blocked.ncx_weights(spec) and "bwd_weights" in pays(spec), str(spec)
     assert "bwd_data" in pays(streamed)                                  # 64 rows over 256
     assert pays(narrow_1x1) == pays(narrow_1x1, "znver5") == list(dispatch.DIRECTIONS)
     for spec in (tall, tall_28):

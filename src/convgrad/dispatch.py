@@ -552,7 +552,15 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
 # agreed):
 #  - stride-1 1x1 weight gradients on the streamed channels-last path: res2a_branch1
 #    (64 -> 256, 56^2, mb9) 9.45 / 7.15 taps (sweep 9.43 / 7.28); 256 -> 64 and 128 -> 128
-#    tie (8.56 / 8.85, 6.36 / 6.28), so only the NCX dot kernel stays;
+#    tie (8.56 / 8.85, 6.36 / 6.28), so only the NCX dot kernel stays. Since the streamed
+#    path reads the input in place (``blocked.ncx_weights``; stop 47), those with at least
+#    ZEN4_NCX_WEIGHTS_MIN_ROW_RATIO input channels per output channel (the vectors of
+#    output channels are the part still copied) win again, two sessions of 6 rounds:
+#    res2b_branch2a (256 -> 64, 56^2, mb9) 5.05 / 6.97 and 5.23 / 7.24 taps,
+#    res3b_branch2a (512 -> 128, 28^2) 5.92 / 6.60 and 5.76 / 6.67; fewer do not: 128 ->
+#    128 (mobilenet conv4) 6.18 / 6.99 and 6.78 / 6.76, 256 -> 256 (conv6) 0.97 and 0.95,
+#    128 -> 256 (conv5) 1.06 and 0.92, 64 -> 256 (res2a_branch1) 0.99 and 1.01, 128 -> 512
+#    (res3a_branch2c) 1.07 and 1.08;
 #  - stride-1 1x1 data gradients strip by strip with more than
 #    ZEN4_POINTWISE_DATA_MAX_ROW_RATIO input channels (rows) per output channel (the
 #    reduction): res3b_branch2a (512 <- 128, 28^2, mb9) 6.65 / 5.79 taps (sweep 6.09 /
@@ -564,16 +572,18 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
 #    wavenet 32 ch k2 mb1 x 84350 3.42 / 2.88, mb256 x 329 4.02 / 3.89 (sweep: 9 of the
 #    10 dilated layers 1.03-1.14 slower on blocked, mb128 x 658 0.84).
 ZEN4_POINTWISE_DATA_MAX_ROW_RATIO = 2
+ZEN4_NCX_WEIGHTS_MIN_ROW_RATIO = 2
 
 
 def _blocked_rule_zen4(spec: ConvSpec, direction: str) -> bool:
+    if direction == "bwd_weights" and pointwise_spec(spec):     # (a 1x1 kernel, stride 1)
+        return _blocked_rule(spec, direction) and (blocked.pointwise_weights(spec) or (
+            blocked.ncx_weights(spec) and spec.icg >= ZEN4_NCX_WEIGHTS_MIN_ROW_RATIO * spec.ocg))
     if not _blocked_rule_zen(spec, direction):
         return False
     if direction == "bwd_data" and blocked.line_spec(spec):
         return False
-    if pointwise_spec(spec):                                    # (a 1x1 kernel)
-        if direction == "bwd_weights":
-            return blocked.pointwise_weights(spec)
+    if pointwise_spec(spec):
         if direction == "bwd_data":
             return spec.icg <= ZEN4_POINTWISE_DATA_MAX_ROW_RATIO * spec.ocg
     return True

@@ -443,6 +443,76 @@ def weight_parts(x4, dy4, parts, xbuf, ybuf, geo, dst_o, src_o, k_o, s_o, d_o, p
 
 
 @njit(**JIT)
+def weight_parts_ncx(x4, dy4, parts, ybuf, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, p0, p1, nparts, nseg, seg, pad,
+                     addr, rt, lanes, obw, tiles, taddr):
+    """``weight_parts`` with the input read in place: the micro-kernel's broadcast operand
+    is any strided array, so a tile's ``R`` input channels are ``R`` planes of the NCX
+    input (``a_rs`` a plane, ``a_ks`` the stride along the row, each tap's row offsets in
+    ``aoff``) and only the chunk's ``diff_dst`` cells are copied channels-last (the
+    vectors of output channels). Along the last axis a tap's sums run over the positions
+    whose cell is real (``pad`` cells of padding in front): ``lo <= w < hi``, the same
+    range in every row, so one call per tile still covers its rows (the channels-last
+    copies had summed zeros there instead). The taps are not merged with the channels, so
+    a tile row is one (tap, channel) pair as in ``_tile_pass`` without ``merged``: the
+    same block layout, and each element's terms in the same order (rows, then positions)."""
+    groups, cg, ogp, kw_n, sw, dw = geo[0], geo[1], geo[2], geo[5], geo[6], geo[7]
+    rows_dst, rows_src, nrows, og, chunk_rows = geo[8], geo[9], geo[10], geo[12], geo[13]
+    W = x4.shape[3]
+    C = groups * cg
+    plane = rows_src * W
+    T = k_o.prod() * kw_n if len(k_o) else kw_n
+    nob = (ogp + obw - 1) // obw
+    nct = (cg + rt - 1) // rt
+    aoff = np.empty(chunk_rows, np.int64)
+    boff = np.empty(chunk_rows, np.int64)
+    items = nrows * nseg
+    y_w = ybuf.shape[2]
+    xa = x4.ctypes.data
+    ya = ybuf.ctypes.data
+    for p in range(p0, p1):
+        item = items * p // nparts
+        end = items * (p + 1) // nparts
+        acc = 0
+        pa = parts[p].ctypes.data
+        while item < end:
+            q0, q1, w0, w1, item = _chunk(item, end, geo, nseg, seg)
+            to_channels_last(dy4, ybuf, q0, q1, groups, og, ogp, w0, q0, taddr, lanes, 1)
+            listed = -1
+            n = 0
+            for i in range(tiles):
+                cti = i % nct
+                rest = i // nct
+                v = rest % T
+                rest //= T
+                ob0 = (rest % nob) * obw
+                g = rest // nob
+                wbw = min(obw, ogp - ob0)
+                c0 = cti * rt
+                R = min(rt, cg - c0)
+                if v != listed:
+                    ko = v // kw_n
+                    first = (v % kw_n) * dw - pad     # cell of position 0 for this tap
+                    lo = max(w0, (-first + sw - 1) // sw if first < 0 else 0)
+                    hi = min(w1, (W - 1 - first) // sw + 1 if W - 1 - first >= 0 else 0)
+                    n = 0
+                    for r in range(q0, q1):
+                        if hi <= lo:
+                            break                     # no real cell: the tile is zeroed or kept
+                        src_row = _tap_rows(r, rows_dst, dst_o, src_o, k_o, s_o, d_o, pb_o, ko, rows_src)
+                        if src_row < 0:
+                            continue
+                        aoff[n] = (src_row // rows_src) * C * plane + (src_row % rows_src) * W + lo * sw + first
+                        boff[n] = ((r - q0) * y_w + lo - w0) * groups * ogp
+                        n += 1
+                    listed = v
+                y = pa + 4 * (g * T * cg * ogp + ob0 * T * cg + (v * cg + c0) * wbw)
+                _ukernel(addr, R, wbw // lanes, xa + 4 * (g * cg + c0) * plane, ya + 4 * (g * ogp + ob0), y,
+                         aoff.ctypes.data, boff.ctypes.data, n, max(0, hi - lo), plane, sw, groups * ogp, wbw, acc,
+                         lanes)
+            acc = 1
+
+
+@njit(**JIT)
 def pointwise_items(a, b, y, geo, i0, i1, addr, r_max, lanes, ob_max):
     """Items ``i0 .. i1`` of a 1x1 convolution on the NCX arrays themselves (no copies):
     ``y[n, g, m, p] = sum_k a[g, m, k] * b[n, g, k, p]`` with positions ``p`` in the vector
