@@ -54,7 +54,19 @@ tiles of up to 12 rows. Where the weights are small (``_weight_parts``) the copi
 streamed: a fixed number of parts of the rows, each with its own partial weights, copy
 their chunks channels-last into cache-sized buffers just before the tiles read them (rows
 longer than a chunk cut into segments), and the partial weights are added in order at
-the end; otherwise both arrays are copied whole and the threads split the tiles.
+the end; otherwise both arrays are copied whole and the threads split the tiles. With
+``WEIGHT_PARTS`` parts only ``diff_dst`` is copied (``ncx_weights``): the broadcast operand
+is any strided array, so a tile's ``R`` input channels are planes of the NCX input read in
+place (``a_rs`` a plane, ``a_ks`` the stride along the row), and each tap sums over the
+positions whose cell is real, one range per tap along the last axis (no copy to put the
+padding in). In-process, 2 threads, medians of 6 rounds, in place / copied (two
+sessions): resnet_50 res3a_branch2a (1x1 stride 2, 256 -> 128, 56^2, mb19) 6.84 / 9.35
+and 6.75 / 10.63 ms, res2b_branch2a (1x1, 256 -> 64, mb9) 5.05 / 6.97, res2a_branch2b (3x3,
+64 ch) 4.43 / 4.83, 3d_unet conv_1 6.44 / 7.13, the grouped 3x3 layer (8 x 16 ch, 224^2)
+6.80 / 8.07, mobilenet conv4 - conv7 0.82-0.98, conv1 and resnet_50 conv1 (3 input
+channels, taps merged with the channels in the copies) 1.00 and 1.01, res3a_branch2c
+0.99-1.09; with 2 parts (larger weights) it lost (res4a_branch1 9.89 / 6.58), so those
+keep the copies.
 
 The layout copies go through a compiled ``V x V`` block transpose (``_ukernel.transpose_ir``:
 masked loads, ``log2 V`` stages of two-source shuffles, masked stores) instead of an element
@@ -72,7 +84,8 @@ converted); numba runs the loops around the micro-kernel (``_blocked_jit.py``).
 
 Non-finite values: the zeros around the last axis and in the padded lanes are multiplied
 like the GEMM lowerings' zero cells (an ``inf`` weight next to that padding gives NaN
-there); taps that fall in the padding of the other axes are skipped.
+there; the weight gradient read in place skips the last axis's padding); taps that fall
+in the padding of the other axes are skipped.
 """
 
 from __future__ import annotations
@@ -686,6 +699,8 @@ def compressed_spec(spec: ConvSpec) -> ConvSpec | None:
                     pads_begin=spec.pads_begin, pads_end=spec.pads_end)
 
 
+# The streamed weight gradient reads the input in place (module doc); False: the streamed
+# channels-last copies it replaced (the tests compare the two).
 NCX_WEIGHTS = True
 
 
