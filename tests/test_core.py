@@ -1777,7 +1777,8 @@ def test_whole_window_products_match_reference(monkeypatch):
     canonical arrays (``gemm.whole_window_spec``). Against the float64 reference for every
     direction, groups, C_in != C_out, 1-3 spatial axes, non-square kernels, strides (the
     output is one position whatever they are), float32 and float64; bitwise identical on
-    1 and 2 threads and under a small cap; strided inputs take the general path and agree."""
+    1 and 2 threads and under a small cap; strided inputs take the general path and agree;
+    the inputs are not modified."""
     from convgrad.kernels import gemm
     monkeypatch.setattr(gemm, "PARALLEL_FLOPS", 1000)            # several blocks even here
     rng = np.random.default_rng(71)
@@ -1790,31 +1791,42 @@ def test_whole_window_products_match_reference(monkeypatch):
     assert not gemm.whole_window_spec(_spec(2, 3, 5, 1, (5,), (3,), (1,), (2,), (0,), (0,)))
     for spec in cases:
         for dt in (np.float32, np.float64):
-            x = rng.standard_normal(spec.src_shape).astype(dt)
-            w = rng.standard_normal(spec.weights_shape).astype(dt)
-            dy = rng.standard_normal(spec.dst_shape).astype(dt)
-            want = (ref.conv_forward(spec, x, w), ref.conv_backward_weights(spec, x, dy),
-                    ref.conv_backward_data(spec, dy, w))
-            tol = 1e-5 if dt == np.float32 else 1e-12
-            for alg in FAST:
-                def run(xx=x, ww=w, dd=dy):
-                    return (cg.conv_forward(xx, ww, algorithm=alg, **_kw(spec)),
-                            cg.conv_backward_weights(xx, dd, spec.kernel, algorithm=alg, **_kw(spec)),
-                            cg.conv_backward_data(dd, ww, spec.src, algorithm=alg, **_kw(spec)))
-                cg.set_num_threads(2)
-                two = run()
-                cg.set_num_threads(1)
-                one = run()
-                cg.set_num_threads(None)
-                with cg.workspace_limit(1 << 16):
-                    capped = run()
-                strided = run(x[..., ::-1].copy()[..., ::-1], np.asfortranarray(w), dy.copy(order="F"))
-                for name, a, b, c, d, e in zip(("fwd", "bwd_weights", "bwd_data"), two, want, one, capped, strided):
-                    assert a.dtype == dt and a.shape == b.shape
-                    assert rel_err(a, b) <= tol, (name, alg, str(spec), dt)
-                    np.testing.assert_array_equal(a, c, err_msg=f"{name} {alg} {spec}")
-                    np.testing.assert_array_equal(a, d, err_msg=f"{name} {alg} {spec}")
-                    assert rel_err(e, b) <= tol, (name, alg, str(spec), dt)
+            _products_match_reference(spec, rng, dt, cap=1 << 16)
+
+
+def _products_match_reference(spec, rng, dt, cap):
+    """Every direction of ``spec`` on random ``dt`` inputs, on each GEMM lowering: within
+    rounding of the float64 reference, the same bits on 2 and 1 threads and under the
+    workspace ``cap``, strided (non-contiguous) inputs within rounding too, and the inputs
+    unmodified."""
+    x = rng.standard_normal(spec.src_shape).astype(dt)
+    w = rng.standard_normal(spec.weights_shape).astype(dt)
+    dy = rng.standard_normal(spec.dst_shape).astype(dt)
+    kept = (x.copy(), w.copy(), dy.copy())
+    want = (ref.conv_forward(spec, x, w), ref.conv_backward_weights(spec, x, dy),
+            ref.conv_backward_data(spec, dy, w))
+    tol = 1e-5 if dt == np.float32 else 1e-12
+    for alg in FAST:
+        def run(xx=x, ww=w, dd=dy):
+            return (cg.conv_forward(xx, ww, algorithm=alg, **_kw(spec)),
+                    cg.conv_backward_weights(xx, dd, spec.kernel, algorithm=alg, **_kw(spec)),
+                    cg.conv_backward_data(dd, ww, spec.src, algorithm=alg, **_kw(spec)))
+        cg.set_num_threads(2)
+        two = run()
+        cg.set_num_threads(1)
+        one = run()
+        cg.set_num_threads(None)
+        with cg.workspace_limit(cap):
+            capped = run()
+        strided = run(x[..., ::-1].copy()[..., ::-1], np.asfortranarray(w), dy.copy(order="F"))
+        for name, a, b, c, d, e in zip(("fwd", "bwd_weights", "bwd_data"), two, want, one, capped, strided):
+            assert a.dtype == dt and a.shape == b.shape
+            assert rel_err(a, b) <= tol, (name, alg, str(spec), dt)
+            np.testing.assert_array_equal(a, c, err_msg=f"{name} {alg} {spec}")
+            np.testing.assert_array_equal(a, d, err_msg=f"{name} {alg} {spec}")
+            assert rel_err(e, b) <= tol, (name, alg, str(spec), dt)
+    for before, after in zip(kept, (x, w, dy)):
+        np.testing.assert_array_equal(before, after)
 
 
 def test_framed_products_match_reference(monkeypatch):
@@ -1863,34 +1875,7 @@ def test_framed_products_match_reference(monkeypatch):
             else:
                 assert (hits == 1).all(), (direction, str(spec))
         for dt in (np.float32, np.float64):
-            x = rng.standard_normal(spec.src_shape).astype(dt)
-            w = rng.standard_normal(spec.weights_shape).astype(dt)
-            dy = rng.standard_normal(spec.dst_shape).astype(dt)
-            kept = (x.copy(), w.copy(), dy.copy())
-            want = (ref.conv_forward(spec, x, w), ref.conv_backward_weights(spec, x, dy),
-                    ref.conv_backward_data(spec, dy, w))
-            tol = 1e-5 if dt == np.float32 else 1e-12
-            for alg in FAST:
-                def run(xx=x, ww=w, dd=dy):
-                    return (cg.conv_forward(xx, ww, algorithm=alg, **_kw(spec)),
-                            cg.conv_backward_weights(xx, dd, spec.kernel, algorithm=alg, **_kw(spec)),
-                            cg.conv_backward_data(dd, ww, spec.src, algorithm=alg, **_kw(spec)))
-                cg.set_num_threads(2)
-                two = run()
-                cg.set_num_threads(1)
-                one = run()
-                cg.set_num_threads(None)
-                with cg.workspace_limit(1 << 12):
-                    capped = run()
-                strided = run(x[..., ::-1].copy()[..., ::-1], np.asfortranarray(w), dy.copy(order="F"))
-                for name, a, b, c, d, e in zip(("fwd", "bwd_weights", "bwd_data"), two, want, one, capped, strided):
-                    assert a.dtype == dt and a.shape == b.shape
-                    assert rel_err(a, b) <= tol, (name, alg, str(spec), dt)
-                    np.testing.assert_array_equal(a, c, err_msg=f"{name} {alg} {spec}")
-                    np.testing.assert_array_equal(a, d, err_msg=f"{name} {alg} {spec}")
-                    assert rel_err(e, b) <= tol, (name, alg, str(spec), dt)
-            for before, after in zip(kept, (x, w, dy)):
-                np.testing.assert_array_equal(before, after)
+            _products_match_reference(spec, rng, dt, cap=1 << 12)
 
 
 def test_taps_data_gradient_zeroes_the_rows_no_phase_writes(monkeypatch):

@@ -272,6 +272,19 @@ def forward_rows(xcl, wblk, ycl, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, r0, r1,
                         w0 += R
 
 
+@njit(inline="always", **JIT)
+def _tile(i, nct, nv, nob, obw, ogp, rt, U):
+    """(group, first output channel, block width, tile group, first row, rows) of weight
+    tile ``i``: row chunks of ``rt`` fastest, then the ``nv`` tile groups (taps), then the
+    ``nob`` output-channel blocks, then the groups."""
+    rest = i // nct
+    v = rest % nv
+    rest //= nv
+    ob0 = (rest % nob) * obw
+    c0 = (i % nct) * rt
+    return rest // nob, ob0, min(obw, ogp - ob0), v, c0, min(rt, U - c0)
+
+
 @njit(**JIT)
 def _tile_pass(xa, da, ba, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, i0, i1, q0, q1, x_origin, x_slot, y_origin, x_w,
                y_w, K, acc, aoff, boff, addr, rt, lanes, obw):
@@ -300,15 +313,7 @@ def _tile_pass(xa, da, ba, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, i0, i1, q0, q
     listed = -1                               # the tile group whose row list aoff / boff hold
     n = 0
     for i in range(i0, i1):
-        cti = i % nct
-        rest = i // nct
-        v = rest % nv
-        rest //= nv
-        ob0 = (rest % nob) * obw
-        g = rest // nob
-        wbw = min(obw, ogp - ob0)
-        c0 = cti * rt
-        R = min(rt, U - c0)
+        g, ob0, wbw, v, c0, R = _tile(i, nct, nv, nob, obw, ogp, rt, U)
         if v != listed:
             ko = v if merged else v // kw_n
             shift = 0 if merged else (v % kw_n) * dw * C
@@ -343,6 +348,12 @@ def weight_tiles(xcl, dycl, blk, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, i0, i1,
         q1 = min(nrows, q0 + chunk_rows)
         _tile_pass(xcl.ctypes.data, dycl.ctypes.data, blk.ctypes.data, geo, dst_o, src_o, k_o, s_o, d_o, pb_o, i0, i1,
                    q0, q1, 0, whole, 0, Wp, Wout, Wout, 1 if q0 > 0 else 0, aoff, boff, addr, rt, lanes, obw)
+
+
+@njit(inline="always", **JIT)
+def _part_items(p, items, nparts):
+    """The items ``[first, end)`` of part ``p`` of ``nparts`` (fixed by the problem)."""
+    return items * p // nparts, items * (p + 1) // nparts
 
 
 @njit(**JIT)
@@ -398,8 +409,7 @@ def part_input_rows(geo, dst_o, src_o, k_o, s_o, d_o, pb_o, nparts, nseg, seg):
     items = geo[10] * nseg
     most = 0
     for p in range(nparts):
-        item = items * p // nparts
-        end = items * (p + 1) // nparts
+        item, end = _part_items(p, items, nparts)
         while item < end:
             q0, q1, w0, w1, item = _chunk(item, end, geo, nseg, seg)
             lo, slot = _input_rows(q0, q1, geo, dst_o, src_o, k_o, s_o, d_o, pb_o)
@@ -427,8 +437,7 @@ def weight_parts(x4, dy4, parts, xbuf, ybuf, geo, dst_o, src_o, k_o, s_o, d_o, p
     items = nrows * nseg
     x_w, y_w = xbuf.shape[2], ybuf.shape[2]
     for p in range(p0, p1):
-        item = items * p // nparts
-        end = items * (p + 1) // nparts
+        item, end = _part_items(p, items, nparts)
         acc = 0
         pa = parts[p].ctypes.data
         while item < end:
@@ -470,8 +479,7 @@ def weight_parts_ncx(x4, dy4, parts, ybuf, geo, dst_o, src_o, k_o, s_o, d_o, pb_
     xa = x4.ctypes.data
     ya = ybuf.ctypes.data
     for p in range(p0, p1):
-        item = items * p // nparts
-        end = items * (p + 1) // nparts
+        item, end = _part_items(p, items, nparts)
         acc = 0
         pa = parts[p].ctypes.data
         while item < end:
@@ -480,15 +488,7 @@ def weight_parts_ncx(x4, dy4, parts, ybuf, geo, dst_o, src_o, k_o, s_o, d_o, pb_
             listed = -1
             n = 0
             for i in range(tiles):
-                cti = i % nct
-                rest = i // nct
-                v = rest % T
-                rest //= T
-                ob0 = (rest % nob) * obw
-                g = rest // nob
-                wbw = min(obw, ogp - ob0)
-                c0 = cti * rt
-                R = min(rt, cg - c0)
+                g, ob0, wbw, v, c0, R = _tile(i, nct, T, nob, obw, ogp, rt, cg)
                 if v != listed:
                     ko = v // kw_n
                     first = (v % kw_n) * dw - pad     # cell of position 0 for this tap
