@@ -710,51 +710,15 @@ def ncx_weights(spec: ConvSpec) -> bool:
     return NCX_WEIGHTS and streamed_weights(spec)
 
 
-def _ncx_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, workspace_limit: int) -> np.ndarray:
-    """The streamed weight gradient on the NCX input in place (``weight_parts_ncx``)."""
-    _check(spec, "bwd_weights", workspace_limit)
-    jit = _jit()
-    lanes, _, obw = _lanes()
-    g, cg, og, t = spec.groups, spec.icg, spec.ocg, math.prod(spec.kernel)
-    ogp = _padded(og, lanes)
-    wout = spec.dst[-1]
-    rows_src, rows_dst = math.prod(spec.src[:-1]), math.prod(spec.dst[:-1])
-    nparts, chunk_rows, nseg, seg = _weight_parts(spec)
-    geo = np.array((g, cg, ogp, spec.src[-1], wout, spec.kernel[-1], spec.strides[-1], spec.dilations[-1],
-                    rows_dst, rows_src, spec.mb * rows_dst, 0, og, chunk_rows), dtype=np.int64)
-    c = _ukernel.compiled()
-    rt = c.r_limits[min(ogp, obw) // lanes - 1]
-    tiles = g * -(-ogp // obw) * t * -(-cg // rt)
-    outer = _geometry(spec)
-    workers = _workers(spec)
-    x4 = _f32(src).reshape(spec.mb, spec.ic, rows_src, spec.src[-1])
-    dy4 = _f32(diff_dst).reshape(spec.mb, spec.oc, rows_dst, wout)
-    parts = np.empty((nparts, g * t * cg * ogp), dtype=np.float32)
-
-    def part(b) -> None:
-        ybuf = _scratch("blocked_y", (1, chunk_rows, seg, g * ogp), np.float32)
-        jit.weight_parts_ncx(x4, dy4, parts, ybuf, geo, *outer, b[0], b[1], nparts, nseg, seg, spec.pads_begin[-1],
-                             c.address, rt, lanes, obw, tiles, c.transpose_address)
-
-    run_each(part, _cuts(nparts, workers), workers)
-    blk = parts[0]
-    for p in range(1, nparts):                   # the parts in order: the same sum on any threads
-        blk += parts[p]
-    dw = np.empty((spec.oc, cg, t), dtype=np.float32)
-    _weights_from_blocks(blk, dw, g, og, cg, ogp, obw, workers)
-    return dw.reshape(spec.weights_shape)
-
-
 def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, *, dtype,
                           workspace_limit: int) -> np.ndarray:
     if pointwise_weights(spec):
         return _pointwise_weights(spec, src, diff_dst, workspace_limit)
     if line_weights(spec):
         return _line_weights(spec, src, diff_dst, workspace_limit)
-    if ncx_weights(spec):
-        return _ncx_weights(spec, src, diff_dst, workspace_limit)
+    ncx = ncx_weights(spec)                     # the input read in place, diff_dst streamed
     width, xs = spec.src[-1], 1
-    cspec = compressed_spec(spec)
+    cspec = None if ncx else compressed_spec(spec)
     if cspec is not None and _weight_parts(cspec)[0]:
         spec, xs = cspec, spec.strides[-1]      # the cells read, gathered by the streamed copies
     _check(spec, "bwd_weights", workspace_limit)
@@ -767,7 +731,7 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     rows_src = math.prod(spec.src[:-1])
     rows_dst = math.prod(spec.dst[:-1])
     nrows = spec.mb * rows_dst
-    merged = g == 1 and spec.dilations[-1] == 1
+    merged = g == 1 and spec.dilations[-1] == 1 and not ncx
     nparts, chunk_rows, nseg, seg = _weight_parts(spec)
     geo = np.array((g, cg, ogp, wp, wout, kw_n, spec.strides[-1], spec.dilations[-1],
                     rows_dst, rows_src, nrows, merged, og, chunk_rows), dtype=np.int64)
@@ -780,13 +744,17 @@ def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray,
     if nparts:
         x4 = _f32(src).reshape(spec.mb, spec.ic, rows_src, width)
         dy4 = _f32(diff_dst).reshape(spec.mb, spec.oc, rows_dst, wout)
-        span = jit.part_input_rows(geo, *outer, nparts, nseg, seg)
+        span = 0 if ncx else jit.part_input_rows(geo, *outer, nparts, nseg, seg)
         cells = (seg - 1) * spec.strides[-1] + (kw_n - 1) * spec.dilations[-1] + 1
         parts = np.empty((nparts, blk_elems), dtype=np.float32)
 
         def part(b) -> None:
-            xbuf = _scratch("blocked_x", (1, max(1, span), cells, spec.ic), np.float32)
             ybuf = _scratch("blocked_y", (1, chunk_rows, seg, g * ogp), np.float32)
+            if ncx:
+                jit.weight_parts_ncx(x4, dy4, parts, ybuf, geo, *outer, b[0], b[1], nparts, nseg, seg, pad,
+                                     c.address, rt, lanes, obw, tiles, c.transpose_address)
+                return
+            xbuf = _scratch("blocked_x", (1, max(1, span), cells, spec.ic), np.float32)
             jit.weight_parts(x4, dy4, parts, xbuf, ybuf, geo, *outer, b[0], b[1], nparts, nseg, seg, pad, c.address,
                              rt, lanes, obw, tiles, c.transpose_address, xs,
                              c.transpose_pairs_address if xs == 2 else c.transpose_address)

@@ -1426,7 +1426,8 @@ def _framed(spec: ConvSpec, direction: str, a: np.ndarray, b: np.ndarray, dtype,
     if not all(x.dtype == dtype and x.flags.c_contiguous for x in (a, b)):
         return None
     g, cg, og, s, k, p = spec.groups, spec.icg, spec.ocg, spec.strides[0], spec.kernel[0], spec.dst[0]
-    m, q = k // s, spec.dst[0] + k // s - 1
+    m = k // s
+    q = p + m - 1                                           # frames the outputs read
     items = framed_blocks(spec, direction)
 
     def frames(arr: np.ndarray, n: int, gi: int, c: int) -> np.ndarray:      # X_nc, (Q, s)
