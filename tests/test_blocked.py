@@ -126,8 +126,9 @@ def test_blocked_matches_reference_random(nsp, wide, schedule, monkeypatch):
     gradient on each of its schedules."""
     for name, value in WEIGHT_SCHEDULES[schedule].items():
         monkeypatch.setattr(blocked, name, value)
-    if schedule != "default":      # 1-D rows of few channels too (else ``line_weights``)
+    if schedule != "default":      # 1-D rows of few channels too (else ``line_weights``), and 1x1
         monkeypatch.setattr(blocked, "POINTWISE_WEIGHTS_MAX_CHANNELS", 0)
+        monkeypatch.setattr(blocked, "INPLACE_WEIGHTS", False)
     rng = np.random.default_rng(700 + 10 * nsp + wide)
     streamed = 0
     for _ in range(10):
@@ -141,9 +142,11 @@ def test_blocked_matches_reference_random(nsp, wide, schedule, monkeypatch):
 
 
 @needs_blocked
-def test_blocked_wide_pointwise_weight_gradient():
+def test_blocked_wide_pointwise_weight_gradient(monkeypatch):
     """1x1 weight gradients with many channels take the streamed channels-last path (the
-    lanes of the NCX rows for few channels); both against the reference."""
+    lanes of the NCX rows for few channels) where the one product does not run them (AVX2
+    hosts); both against the reference."""
+    monkeypatch.setattr(blocked, "INPLACE_WEIGHTS", False)
     rng = np.random.default_rng(17)
     wide = _spec(2, 100, 110, 1, (12, 11), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
     narrow = _spec(2, 40, 50, 2, (12, 11), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
@@ -180,6 +183,7 @@ def test_streamed_weight_gradient_reads_the_input_in_place(monkeypatch):
     threads; the inputs are not modified."""
     monkeypatch.setattr(blocked, "WEIGHT_PARTS", 3)
     monkeypatch.setattr(blocked, "POINTWISE_WEIGHTS_MAX_CHANNELS", 0)    # 1x1 and 1-D rows too
+    monkeypatch.setattr(blocked, "INPLACE_WEIGHTS", False)
     rng = np.random.default_rng(29)
     specs = [_spec(4, 6, 20, 1, (9, 13), (3, 3), (1, 1), (1, 1), (1, 1), (1, 1)),
              _spec(3, 12, 20, 2, (9, 14), (3, 5), (2, 3), (1, 2), (1, 4), (0, 2)),
@@ -211,6 +215,64 @@ def test_streamed_weight_gradient_reads_the_input_in_place(monkeypatch):
             finally:
                 cg.set_num_threads(None)
             assert np.array_equal(one, got), str(spec)
+
+
+@pytest.mark.skipif(not blocked.available() or blocked._lanes()[0] != 16, reason="512-bit micro-kernels only")
+def test_one_product_weight_gradient(monkeypatch):
+    """Unpadded 1x1 weight gradients as one product (``inplace_weights``): the input read in
+    place (more input channels, or strided: rows of outputs whose cells are ``s`` apart on
+    1-3 axes, every remainder of the size formula) or ``diff_dst`` (stride 1, at least as
+    many output channels); groups, one image, channel counts off the lanes and the tile,
+    the other operand in several blocks of positions. Against the reference and the paths
+    it replaced, and the same bits on 1 and 2 threads and for any block size (each element
+    is one chain of FMAs over the positions in order); the inputs are not modified."""
+    rng = np.random.default_rng(31)
+    specs = [(_spec(3, 40, 23, 1, (9, 11), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), "src"),
+             (_spec(2, 23, 40, 1, (9, 11), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), "diff_dst"),
+             (_spec(1, 17, 17, 1, (70, 30), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), "diff_dst"),
+             (_spec(2, 24, 70, 1, (29, 35), (1, 1), (2, 3), (1, 1), (0, 0), (0, 0)), "src"),
+             (_spec(3, 70, 24, 1, (30, 36), (1, 1), (3, 2), (1, 1), (0, 0), (0, 0)), "src"),
+             (_spec(2, 12, 18, 3, (7, 6, 9), (1, 1, 1), (2, 1, 3), (1, 1, 1), (0, 0, 0), (0, 0, 0)), "src"),
+             (_spec(1, 12, 30, 2, (5, 6, 7), (1, 1, 1), (1, 1, 1), (1, 1, 1), (0, 0, 0), (0, 0, 0)), "diff_dst"),
+             (_spec(3, 130, 70, 1, (101,), (1,), (3,), (1,), (0,), (0,)), "src"),
+             (_spec(4, 66, 130, 1, (300,), (1,), (1,), (1,), (0,), (0,)), "diff_dst"),
+             (_spec(2, 3, 5, 1, (1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), "diff_dst")]
+    for spec, side in specs:
+        assert blocked.inplace_weights(spec) == side, str(spec)
+        x, _, dy = _inputs(spec, rng, np.float32)
+        kept = (x.copy(), dy.copy())
+        got = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="blocked")
+        want = ref.conv_backward_weights(spec, x.astype(np.float64), dy.astype(np.float64))
+        assert got.shape == spec.weights_shape and rel_err(got, want) <= 1e-6, str(spec)
+        TALLY.record(("bwd_weights", "float32", f"{spec.nsp}-D", "one product"), rel_err(got, want))
+        assert np.array_equal(kept[0], x) and np.array_equal(kept[1], dy)
+        for name, value in (("INPLACE_BLOCK_BYTES", 4 * 7 * max(spec.icg, spec.ocg)), ("INPLACE_WEIGHTS", False)):
+            with monkeypatch.context() as m:
+                m.setattr(blocked, name, value)
+                other = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="blocked")
+            if name == "INPLACE_WEIGHTS":         # the paths it replaced
+                assert rel_err(other, want) <= 1e-6, str(spec)
+            else:                                 # blocks of a few positions or rows: the same bits
+                assert np.array_equal(other, got), str(spec)
+        cg.set_num_threads(1)
+        try:
+            one = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="blocked")
+        finally:
+            cg.set_num_threads(None)
+        assert np.array_equal(one, got), str(spec)
+    big = _spec(5, 70, 150, 1, (40, 40), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))        # two threads, blocks
+    assert blocked._inplace_geometry(big, 16)[2] < 1600 and blocked._workers(big) == cg.get_num_threads()
+    x, _, dy = _inputs(big, rng, np.float32)
+    got = cg.conv_backward_weights(x, dy, big.kernel, **_kw(big), algorithm="blocked")
+    assert rel_err(got, ref.conv_backward_weights(big, x.astype(np.float64), dy.astype(np.float64))) <= 2e-6
+    cg.set_num_threads(1)
+    try:
+        assert np.array_equal(cg.conv_backward_weights(x, dy, big.kernel, **_kw(big), algorithm="blocked"), got)
+    finally:
+        cg.set_num_threads(None)
+    padded = _spec(2, 8, 8, 1, (9, 9), (1, 1), (1, 1), (1, 1), (1, 0), (0, 0))
+    assert blocked.inplace_weights(padded) is None
+    assert blocked.inplace_weights(_spec(2, 8, 8, 1, (9, 9), (3, 1), (1, 1), (1, 1), (0, 0), (0, 0))) is None
 
 
 def test_weight_gradient_schedule_is_pure_and_sized():
@@ -407,10 +469,12 @@ def test_blocked_lines(monkeypatch, rules_of_a_512_bit_host):
 
 
 @needs_blocked
-def test_blocked_strided_pointwise(rules_of_a_512_bit_host):
+def test_blocked_strided_pointwise(rules_of_a_512_bit_host, monkeypatch):
     """Strided 1x1 layers without padding: the 1x1 problem on the read input cells (every
     remainder of the size formula: input cells past the last read one), zero data
-    gradient on the other cells; the weight gradient streams only the rows it reads."""
+    gradient on the other cells; the weight gradient streams only the rows it reads (the
+    path of hosts without the one product: ``test_one_product_weight_gradient`` has it)."""
+    monkeypatch.setattr(blocked, "INPLACE_WEIGHTS", False)
     rng = np.random.default_rng(9)
     for spec in (_spec(2, 6, 20, 1, (29, 35), (1, 1), (2, 3), (1, 1), (0, 0), (0, 0)),
                  _spec(2, 6, 20, 1, (30, 36), (1, 1), (3, 2), (1, 1), (0, 0), (0, 0)),
@@ -839,11 +903,12 @@ def test_blocked_dispatch_rule_amd_zen_avx512():
 
 
 def test_blocked_dispatch_rule_amd_zen4():
-    """On a Zen 4 (``znver4``: AVX-512 on 256-bit units) the Zen rules less three that lost
-    there: stride-1 1x1 weight gradients on the streamed path (the dot kernel stays, and
-    the input read in place for at least twice as many input as output channels), 1x1
-    data gradients with more than twice as many input channels (rows) as output channels
-    (the reduction), and 1-D data gradients on the NCX rows (pure: no host needed)."""
+    """On a Zen 4 (``znver4``: AVX-512 on 256-bit units) the Zen rules less two that lost
+    there: 1x1 data gradients with more than twice as many input channels (rows) as output
+    channels (the reduction), and 1-D data gradients on the NCX rows; and every unpadded
+    1x1 weight gradient of one group from 20 MFLOP runs as ``blocked``'s one product
+    (``inplace_weights``), but strided ones with more outputs than inputs on small images
+    (pure: no host needed)."""
     def pays(spec, cpu="znver4"):
         return [d for d in dispatch.DIRECTIONS if dispatch.blocked_pays(spec, d, 512, cpu)]
 
@@ -855,11 +920,20 @@ def test_blocked_dispatch_rule_amd_zen4():
     twice = _spec(9, 128, 64, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
     wavenet = _spec(8, 32, 32, 1, (10543,), (2,), (1,), (1,), (0,), (0,))
     square = _spec(9, 128, 128, 1, (56, 56), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))      # mobilenet conv4
+    strided_wide = _spec(4, 512, 1024, 1, (28, 28), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))  # res4a_branch1
+    strided_tall = _spec(19, 512, 256, 1, (28, 28), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))  # res4a_branch2a
+    strided_big = _spec(4, 256, 512, 1, (56, 56), (1, 1), (2, 2), (1, 1), (0, 0), (0, 0))    # res3a_branch1
+    deep = _spec(9, 2048, 512, 1, (7, 7), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))           # res5b_branch2a
+    small = _spec(1, 128, 128, 1, (16, 16), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))         # 8 MFLOP
+    grouped = _spec(9, 256, 256, 4, (28, 28), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))
     assert pays(resnet) == pays(resnet, "znver5") == list(dispatch.DIRECTIONS)
-    assert "bwd_weights" in pays(streamed, "znver5") and "bwd_weights" not in pays(streamed)
-    assert "bwd_weights" not in pays(square)
-    for spec in (tall, tall_28):                                         # read in place: 4x the rows
-        assert blocked.ncx_weights(spec) and "bwd_weights" in pays(spec), str(spec)
+    for spec in (streamed, square, tall, tall_28, narrow_1x1, strided_tall, strided_big, deep):
+        assert "bwd_weights" in pays(spec), str(spec)
+    assert "bwd_weights" not in pays(deep, "znver5")                     # the other Zens: unchanged
+    for spec in (strided_wide, small):
+        assert "bwd_weights" not in pays(spec), str(spec)
+    assert dispatch._zen4_inplace_weights(deep, "bwd_weights") and not dispatch._zen4_inplace_weights(
+        grouped, "bwd_weights") and not dispatch._zen4_inplace_weights(deep, "bwd_data")
     assert "bwd_data" in pays(streamed)                                  # 64 rows over 256
     assert pays(narrow_1x1) == pays(narrow_1x1, "znver5") == list(dispatch.DIRECTIONS)
     for spec in (tall, tall_28):

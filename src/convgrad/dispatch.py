@@ -63,7 +63,8 @@ import numpy as np
 from . import threads
 from .errors import ConvTypeError, ConvValueError
 from .kernels import blocked, depthwise, thin
-from .kernels.gemm import flipped_data_gradient, pointwise_spec, scatter_chunks, unit_1x1, weight_chunks
+from .kernels.gemm import (PARALLEL_FLOPS, flipped_data_gradient, pointwise_spec, scatter_chunks, unit_1x1,
+                           unpadded_1x1, weight_chunks)
 from .spec import ConvSpec
 
 ALGORITHMS = ("reference", "im2col", "taps", "direct", "blocked")
@@ -443,7 +444,8 @@ def _host_rule(spec: ConvSpec, direction: str, vector_bits: int, cpu: str) -> bo
 @functools.lru_cache(maxsize=1024)
 def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
     # the host check last: it compiles the micro-kernels (~1-2 s) on its first call
-    if not (_blocked_rule(spec, direction) or _blocked_rule_256(spec, direction) or _zen_pointwise_data(spec, direction)):
+    if not (_blocked_rule(spec, direction) or _blocked_rule_256(spec, direction) or _zen_pointwise_data(spec, direction)
+            or _zen4_inplace_weights(spec, direction)):
         return False
     bits = blocked.vector_bits()
     return _host_rule(spec, direction, bits, blocked.host_cpu()) if bits in (256, 512) else False
@@ -571,11 +573,35 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
 #  - 1-D data gradients on the NCX rows (``blocked.line_spec``) against the thin kernel:
 #    wavenet 32 ch k2 mb1 x 84350 3.42 / 2.88, mb256 x 329 4.02 / 3.89 (sweep: 9 of the
 #    10 dilated layers 1.03-1.14 slower on blocked, mb128 x 658 0.84).
+#  Since stop 48 every unpadded 1x1 weight gradient of one group from
+#  ZEN4_INPLACE_WEIGHTS_MIN_FLOPS runs as one product with an operand read in place
+#  (``blocked.inplace_weights``, measured there: 0.77-0.99 of the choice before on 25 of
+#  the 28 such layers of the lists), except strided ones with more output than input
+#  channels on fewer than ZEN4_INPLACE_STRIDED_MIN_POSITIONS outputs per image, where the
+#  input (fewer channels) must be the operand read in place: res4a_branch1 (512 -> 1024,
+#  14^2 outputs) 1.04, res5a_branch1 (7^2) 1.20, against res3a_branch1 (28^2) 0.89. Below
+#  20 MFLOP the GEMMs' single product wins (128 -> 128 at 16^2 1.59, 64 -> 128 at 28^2
+#  0.96, 256 -> 256 at 14^2, 26 MFLOP, 0.77).
 ZEN4_POINTWISE_DATA_MAX_ROW_RATIO = 2
 ZEN4_NCX_WEIGHTS_MIN_ROW_RATIO = 2
+ZEN4_INPLACE_WEIGHTS_MIN_FLOPS = PARALLEL_FLOPS
+ZEN4_INPLACE_STRIDED_MIN_POSITIONS = 512
+
+
+def _zen4_inplace_weights(spec: ConvSpec, direction: str) -> bool:
+    """Whether the Zen 4 rule runs this weight gradient as ``blocked``'s one product
+    (pure; host-independent, so ``blocked_pays(..., cpu="znver4")`` answers anywhere)."""
+    if direction != "bwd_weights" or not unpadded_1x1(spec) or spec.groups != 1 or 0 in spec.dst:
+        return False
+    if spec.flops < ZEN4_INPLACE_WEIGHTS_MIN_FLOPS or not 1 <= spec.nsp <= 3:
+        return False
+    strided = any(s != 1 for s in spec.strides)
+    return not (strided and spec.ocg > spec.icg and _prod(spec.dst) < ZEN4_INPLACE_STRIDED_MIN_POSITIONS)
 
 
 def _blocked_rule_zen4(spec: ConvSpec, direction: str) -> bool:
+    if direction == "bwd_weights" and unpadded_1x1(spec) and spec.groups == 1:
+        return _zen4_inplace_weights(spec, direction)
     if direction == "bwd_weights" and pointwise_spec(spec):     # (a 1x1 kernel, stride 1)
         return _blocked_rule(spec, direction) and (blocked.pointwise_weights(spec) or (
             blocked.ncx_weights(spec) and spec.icg >= ZEN4_NCX_WEIGHTS_MIN_ROW_RATIO * spec.ocg))

@@ -592,6 +592,64 @@ def pointwise_weight_tiles(dy, x, dw, geo, i0, i1, addr, r_max, j_max):
 
 
 @njit(**JIT)
+def inplace_weight_rows(a, b, y, buf, geo, row_a, row_b, g, r0, r1, addr, taddr, rt, lanes, ob_max):
+    """Rows ``r0 .. r1`` of group ``g`` of a 1x1 weight gradient as one product over every
+    image and position: ``y[g, r, j] = sum_n sum_q a[n, g*ra + r, in(q)] * b[n, g*nb + j, q]``
+    (``blocked.inplace_weights``). ``a`` is read in place, the broadcast operand: ``R``
+    channel planes ``a_plane`` apart, positions ``a_ks`` apart along a row of ``wout``
+    outputs whose first cell is at ``row_a[q]`` (output row ``q``). ``b`` (positions
+    contiguous) goes ``block`` positions (or ``block / wout`` whole rows) at a time,
+    transposed into ``buf`` (positions x ``nb``), the vector operand. Each tile of ``R``
+    rows x ``ob_max`` vectors sums the block's positions in registers onto its rows of
+    ``y`` (zero before the first block of image 0): every element is one chain of FMAs
+    over (image, position) in order, whatever the blocks, tiles or threads."""
+    N, G, ra, nb, a_plane, P, wout, a_ks, block, flat = (geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6],
+                                                         geo[7], geo[8], geo[9])
+    aa = a.ctypes.data
+    ba = b.ctypes.data
+    ya = y.ctypes.data
+    bb = buf.ctypes.data
+    width = lanes * ob_max
+    for n in range(N):
+        src = ba + 4 * ((n * G + g) * nb * P)
+        arow = aa + 4 * ((n * G + g) * ra * a_plane)
+        for p0 in range(0, P, block):
+            p1 = min(P, p0 + block)
+            for j0 in range(0, nb, lanes):
+                nr = min(lanes, nb - j0)
+                for q0 in range(p0, p1, lanes):
+                    _transpose(taddr, src + 4 * (j0 * P + q0), P, bb + 4 * ((q0 - p0) * nb + j0), nb, nr,
+                               min(lanes, p1 - q0), nr)
+            if flat:                          # contiguous positions: one run of p1 - p0
+                ntaps, K, ap = 1, p1 - p0, arow + 4 * p0
+                aoff, boff = row_a.ctypes.data, row_b.ctypes.data       # both [0]
+            else:                             # whole output rows p0 / wout .. p1 / wout
+                ntaps, K, ap = (p1 - p0) // wout, wout, arow
+                aoff, boff = row_a.ctypes.data + 8 * (p0 // wout), row_b.ctypes.data
+            acc = 1 if n > 0 or p0 > 0 else 0
+            for r in range(r0, r1, rt):
+                R = min(rt, r1 - r)
+                for j in range(0, nb, width):
+                    w = min(width, nb - j)
+                    OB = (w + lanes - 1) // lanes
+                    _ukernel(addr, R, OB, ap + 4 * r * a_plane, bb + 4 * j, ya + 4 * ((g * ra + r) * nb + j), aoff,
+                             boff, ntaps, K, a_plane, a_ks, nb, nb, acc, w - (OB - 1) * lanes)
+
+
+@njit(**JIT)
+def transpose_planes(src, dst, g, i0, i1, taddr, lanes):
+    """``dst[g, j, i] = src[g, i, j]`` for rows ``i0 .. i1`` of plane ``g``."""
+    rows, cols = src.shape[1], src.shape[2]
+    sa = src.ctypes.data + 4 * g * rows * cols
+    da = dst.ctypes.data + 4 * g * rows * cols
+    for r in range(i0, i1, lanes):
+        nr = min(lanes, i1 - r)
+        for j0 in range(0, cols, lanes):
+            _transpose(taddr, sa + 4 * (r * cols + j0), cols, da + 4 * (j0 * rows + r), rows, nr, min(lanes, cols - j0),
+                       nr)
+
+
+@njit(**JIT)
 def line_weight_items(dy, x, dwt, geo, i0, i1, addr, r_max, j_max):
     """Items ``i0 .. i1`` of a 1-D stride-1 weight gradient on the NCX rows, added into
     ``dwt`` (T, G*og, cg): ``dwt[t, g*og + o, c] += sum_p dy[n, g*og + o, p] *

@@ -99,7 +99,7 @@ from .. import threads
 from ..errors import WorkspaceError
 from ..spec import ConvSpec
 from . import _ukernel, depthwise, results
-from .gemm import _scratch, flipped_spec, guided_chunks, pointwise_spec, run_each
+from .gemm import POINTWISE_MIN_ROWS, _scratch, flipped_spec, guided_chunks, pointwise_spec, run_each, unpadded_1x1
 from .gemm import sampled_cells as _sampled_cells
 
 # Bytes of one block of weights (taps x a chunk of input channels x 64 output channels)
@@ -291,6 +291,8 @@ def fits(spec: ConvSpec, direction: str, dtype, workspace_limit: int) -> bool:
     """Whether the copies fit in the cap (the automatic choice falls back otherwise; 1x1
     problems and 1-D rows make none, only conversions of inputs not in float32, counted as
     if made)."""
+    if direction == "bwd_weights" and inplace_weights(spec):
+        return _inplace_workspace(spec) <= workspace_limit
     if pointwise_spec(spec) or (direction != "bwd_weights" and (strided_pointwise(spec) is not None
                                                                 or line_spec(spec))):
         return 4 * (math.prod(spec.src_shape) + math.prod(spec.dst_shape)) <= workspace_limit
@@ -699,6 +701,119 @@ def compressed_spec(spec: ConvSpec) -> ConvSpec | None:
                     pads_begin=spec.pads_begin, pads_end=spec.pads_end)
 
 
+# 1x1 weight gradients without padding (any stride) on AVX-512 hosts run as one product
+# over every image and position (``inplace_weights``): dW[o, c] = sum over (n, q) of
+# dY[n, o, q] * X[n, c, s*q]. The operand with more channels per group (the input where
+# strided, whose cells are s apart) is read in place as the micro-kernel's broadcast
+# operand, R channel planes per tile; the other is transposed, INPLACE_BLOCK_BYTES of its
+# positions at a time, into a per-thread buffer (positions x channels) that every tile then
+# reads from L2 as 64-lane vectors. Threads split the in-place operand's channels; every
+# element of dW is one chain of FMAs over (image, position) in order, so the bits do not
+# depend on the threads, the blocks or the tiles. Where the input is read in place the
+# result comes out (C, O) and is transposed at the end. The GEMM lowerings ran the same
+# sum as per-image products on two threads (each half of the positions: 72-80 GFLOP/s per
+# thread on this VM's Zen 4, where one product alone reaches 92), the streamed path as
+# tiles over channels-last chunks of both arrays. Measured on the AMD EPYC Zen 4 (family
+# 25 model 17, 2 threads, in-process medians of 15 calls, ms, new / the automatic choice
+# before): resnet_50 res4b_branch2a (1024 -> 256, 14^2, mb9) 4.84 / 5.97, res4a_branch2a
+# (512 -> 256, stride 2, mb19) 5.74 / 6.83, res3a_branch2a 6.87 / 8.16, res3b_branch2a
+# 4.64 / 5.13, res5b_branch2a (2048 -> 512, 7^2) 4.94 / 5.31, res2a_branch1 (64 -> 256,
+# 56^2; diff_dst in place) 4.82 / 6.66, res3a_branch2c 4.64 / 5.80, res4a_branch2c 4.45 /
+# 5.24, res5a_branch2c 5.11 / 5.33; mobilenet conv2 - conv10 0.77-0.96 of before; wavenet
+# conv1d_1x1_2 (512 -> 256, 812 positions, one image) 1.12 / 1.39. The other orientation
+# lost (res2b_branch2a, 256 -> 64, with diff_dst in place 1.26 of before, the input in
+# place 0.96), as did the input in place with fewer input than output channels on 7^2
+# outputs (res5a_branch1, stride 2, 1024 -> 2048: 1.08), which the automatic choice leaves
+# to the GEMMs.
+INPLACE_BLOCK_BYTES = 256 * 1024
+# False: the 1x1 weight gradients take the paths below again (the dot kernel, the streamed
+# channels-last chunks), as on AVX2 hosts; the tests run both.
+INPLACE_WEIGHTS = True
+
+
+def inplace_weights(spec: ConvSpec) -> str | None:
+    """Which array the 1x1 weight gradient of ``spec`` reads in place (pure): ``"src"``,
+    ``"diff_dst"`` (stride 1 with at least as many output as input channels per group), or
+    None where the one-product path does not run it (a kernel larger than 1x1, padding, or
+    a host without 512-bit micro-kernels)."""
+    if not INPLACE_WEIGHTS or not unpadded_1x1(spec) or not 1 <= spec.nsp <= 3 or 0 in spec.dst:
+        return None
+    if (_lanes()[0] if available() else 16) != 16:
+        return None
+    return "diff_dst" if all(s == 1 for s in spec.strides) and spec.ocg >= spec.icg else "src"
+
+
+def _inplace_geometry(spec: ConvSpec, lanes: int) -> tuple[int, int, int, int, int, int]:
+    """(rows of the in-place operand, channels of the packed one, positions per block, the
+    in-place operand's plane, positions along a row, flat) for ``inplace_weights`` (pure)."""
+    positions = math.prod(spec.dst)
+    if inplace_weights(spec) == "diff_dst":
+        ra, nb, plane = spec.ocg, spec.icg, positions
+    else:
+        ra, nb, plane = spec.icg, spec.ocg, math.prod(spec.src)
+    flat = all(s == 1 for s in spec.strides)
+    if flat:
+        block = min(positions, max(lanes, INPLACE_BLOCK_BYTES // (4 * nb) // lanes * lanes))
+    else:
+        wout = spec.dst[-1]
+        block = min(positions, max(1, INPLACE_BLOCK_BYTES // (4 * nb * wout)) * wout)
+    return ra, nb, block, plane, spec.dst[-1], int(flat)
+
+
+def _inplace_workspace(spec: ConvSpec) -> int:
+    """Bytes of ``_inplace_weights``' buffers: a block per thread, the (C, O) product where
+    the input is read in place, converted inputs counted as if made (pure)."""
+    _, nb, block, *_ = _inplace_geometry(spec, _lanes()[0] if available() else 16)
+    product = math.prod(spec.weights_shape) if inplace_weights(spec) == "src" else 0
+    converted = math.prod(spec.src_shape) + math.prod(spec.dst_shape)
+    return 4 * (max(1, threads.get_num_threads()) * block * nb + product + converted)
+
+
+def _inplace_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, workspace_limit: int) -> np.ndarray:
+    """The 1x1 weight gradient as one product, one operand read in place (derived above)."""
+    need = _inplace_workspace(spec)
+    if need > workspace_limit:
+        raise WorkspaceError(
+            f"bwd_weights: the workspace limit ({workspace_limit} bytes) is too small for the buffers of problem "
+            f"{spec} ({need} bytes); raise it with convgrad.set_workspace_limit()")
+    jit = _jit()
+    c = _ukernel.compiled()
+    lanes, rt = c.lanes, c.r_max
+    x, dy = _f32(src), _f32(diff_dst)
+    g = spec.groups
+    ra, nb, block, plane, wout, flat = _inplace_geometry(spec, lanes)
+    a, b = (dy, x) if inplace_weights(spec) == "diff_dst" else (x, dy)
+    if flat:
+        row_a = np.zeros(1, dtype=np.int64)
+        row_b = np.zeros(1, dtype=np.int64)
+    else:             # the first input cell of each output row: sum over the outer axes of q_i * s_i * pitch_i
+        pitch = [math.prod(spec.src[i + 1:]) * spec.strides[i] for i in range(spec.nsp - 1)]
+        row_a = np.zeros(1, dtype=np.int64)
+        for count, step in zip(spec.dst[:-1], pitch):
+            row_a = (row_a[:, None] + np.arange(count, dtype=np.int64)[None, :] * step).reshape(-1)
+        row_b = np.arange(block // wout, dtype=np.int64) * wout * nb
+    geo = np.array((spec.mb, g, ra, nb, plane, math.prod(spec.dst), wout, spec.strides[-1], block, flat),
+                   dtype=np.int64)
+    workers = _workers(spec)
+    parts = max(1, min(workers, -(-ra // rt)))
+    cuts = [min(ra, round(ra * i / parts / rt) * rt) for i in range(parts)] + [ra]
+    items = [(gi, r0, r1) for gi in range(g) for r0, r1 in zip(cuts, cuts[1:]) if r1 > r0]
+    y = np.empty((g, ra, nb), dtype=np.float32)
+
+    def work(item) -> None:
+        buf = _scratch("blocked_inplace", (block * nb,), np.float32)
+        jit.inplace_weight_rows(a.reshape(-1), b.reshape(-1), y, buf, geo, row_a, row_b, item[0], item[1], item[2],
+                                c.address, c.transpose_address, rt, lanes, c.ob_max)
+
+    run_each(work, items, workers)
+    if a is dy:                                   # (G, O, C): the weights' own layout
+        return y.reshape(spec.weights_shape)
+    dw = np.empty((g, nb, ra), dtype=np.float32)  # (G, C, O) -> (G, O, C)
+    run_each(lambda it: jit.transpose_planes(y, dw, it[0], it[1], it[2], c.transpose_address, lanes),
+             [(gi, r0, r1) for gi in range(g) for r0, r1 in _cuts(ra, workers)], workers)
+    return dw.reshape(spec.weights_shape)
+
+
 # The streamed weight gradient reads the input in place (module doc); False: the streamed
 # channels-last copies it replaced (the tests compare the two).
 NCX_WEIGHTS = True
@@ -712,6 +827,8 @@ def ncx_weights(spec: ConvSpec) -> bool:
 
 def conv_backward_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, *, dtype,
                           workspace_limit: int) -> np.ndarray:
+    if inplace_weights(spec):
+        return _inplace_weights(spec, src, diff_dst, workspace_limit)
     if pointwise_weights(spec):
         return _pointwise_weights(spec, src, diff_dst, workspace_limit)
     if line_weights(spec):
