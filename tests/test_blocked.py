@@ -275,6 +275,37 @@ def test_one_product_weight_gradient(monkeypatch):
     assert blocked.inplace_weights(_spec(2, 8, 8, 1, (9, 9), (3, 1), (1, 1), (1, 1), (0, 0), (0, 0))) is None
 
 
+@pytest.mark.skipif(not blocked.available() or blocked._lanes()[0] != 16, reason="512-bit micro-kernels only")
+def test_framed_weight_gradient_in_place():
+    """Framed 1-D weight gradients (a kernel of m whole strides: an ISTFT's) as one product
+    per input channel with the input row read as an overlapping matrix (row step s): m = 1
+    and m > 1, input cells past the last frame, groups, several images and channels, output
+    channels off the tile, a kernel not a multiple of 64. Against the reference and the
+    framed GEMM products, the same bits on 1 and 2 threads; the inputs are not modified."""
+    rng = np.random.default_rng(37)
+    for spec in (_spec(1, 1, 70, 1, (3000,), (512,), (128,), (1,), (0,), (0,)),
+                 _spec(3, 4, 26, 2, (1500,), (192,), (64,), (1,), (0,), (0,)),
+                 _spec(2, 3, 13, 1, (1000,), (64,), (64,), (1,), (0,), (0,)),
+                 _spec(1, 2, 200, 1, (20000,), (1024,), (256,), (1,), (0,), (0,))):
+        assert blocked.framed_weights(spec) and dispatch.blocked_pays(spec, "bwd_weights", 512, "znver4"), str(spec)
+        x, _, dy = _inputs(spec, rng, np.float32)
+        kept = (x.copy(), dy.copy())
+        got = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="blocked")
+        want = ref.conv_backward_weights(spec, x.astype(np.float64), dy.astype(np.float64))
+        assert got.shape == spec.weights_shape and rel_err(got, want) <= 1e-6, str(spec)
+        TALLY.record(("bwd_weights", "float32", "1-D", "framed"), rel_err(got, want))
+        taps = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="taps")
+        assert rel_err(taps, want) <= 1e-6 and np.array_equal(kept[0], x) and np.array_equal(kept[1], dy)
+        cg.set_num_threads(1)
+        try:
+            one = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="blocked")
+        finally:
+            cg.set_num_threads(None)
+        assert np.array_equal(one, got), str(spec)
+    unframed = _spec(1, 1, 8, 1, (3000,), (500,), (128,), (1,), (0,), (0,))
+    assert not blocked.framed_weights(unframed) and not dispatch.blocked_pays(unframed, "bwd_weights", 512, "znver4")
+
+
 def test_weight_gradient_schedule_is_pure_and_sized():
     """The streamed schedule for small weights over many rows (first layers), with long
     rows cut into segments that fit the chunk; whole copies for large weights and for

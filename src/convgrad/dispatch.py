@@ -63,8 +63,8 @@ import numpy as np
 from . import threads
 from .errors import ConvTypeError, ConvValueError
 from .kernels import blocked, depthwise, thin
-from .kernels.gemm import (PARALLEL_FLOPS, flipped_data_gradient, pointwise_spec, scatter_chunks, unit_1x1,
-                           unpadded_1x1, weight_chunks)
+from .kernels.gemm import (PARALLEL_FLOPS, flipped_data_gradient, framed_spec, pointwise_spec, scatter_chunks,
+                           unit_1x1, unpadded_1x1, weight_chunks)
 from .spec import ConvSpec
 
 ALGORITHMS = ("reference", "im2col", "taps", "direct", "blocked")
@@ -445,7 +445,7 @@ def _host_rule(spec: ConvSpec, direction: str, vector_bits: int, cpu: str) -> bo
 def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
     # the host check last: it compiles the micro-kernels (~1-2 s) on its first call
     if not (_blocked_rule(spec, direction) or _blocked_rule_256(spec, direction) or _zen_pointwise_data(spec, direction)
-            or _zen4_inplace_weights(spec, direction)):
+            or _zen4_inplace_weights(spec, direction) or (direction == "bwd_weights" and framed_spec(spec))):
         return False
     bits = blocked.vector_bits()
     return _host_rule(spec, direction, bits, blocked.host_cpu()) if bits in (256, 512) else False
@@ -581,7 +581,10 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
 #  input (fewer channels) must be the operand read in place: res4a_branch1 (512 -> 1024,
 #  14^2 outputs) 1.04, res5a_branch1 (7^2) 1.20, against res3a_branch1 (28^2) 0.89. Below
 #  20 MFLOP the GEMMs' single product wins (128 -> 128 at 16^2 1.59, 64 -> 128 at 28^2
-#  0.96, 256 -> 256 at 14^2, 26 MFLOP, 0.77).
+#  0.96, 256 -> 256 at 14^2, 26 MFLOP, 0.77). Framed 1-D weight gradients (an ISTFT's;
+#  ``blocked.framed_weights``) run there too, at any size: in one process, blocked / taps,
+#  the ISTFT (1 -> 1026 channels, k 1024, s 256) 0.83, k 512 s 128 0.81-0.84, k 256 s 64
+#  4 x 32000 samples 0.71, 16 -> 64 channels 0.27, 1 MFLOP ones 0.12-0.25.
 ZEN4_POINTWISE_DATA_MAX_ROW_RATIO = 2
 ZEN4_NCX_WEIGHTS_MIN_ROW_RATIO = 2
 ZEN4_INPLACE_WEIGHTS_MIN_FLOPS = PARALLEL_FLOPS
@@ -602,6 +605,8 @@ def _zen4_inplace_weights(spec: ConvSpec, direction: str) -> bool:
 def _blocked_rule_zen4(spec: ConvSpec, direction: str) -> bool:
     if direction == "bwd_weights" and unpadded_1x1(spec) and spec.groups == 1:
         return _zen4_inplace_weights(spec, direction)
+    if direction == "bwd_weights" and framed_spec(spec):
+        return True
     if direction == "bwd_weights" and pointwise_spec(spec):     # (a 1x1 kernel, stride 1)
         return _blocked_rule(spec, direction) and (blocked.pointwise_weights(spec) or (
             blocked.ncx_weights(spec) and spec.icg >= ZEN4_NCX_WEIGHTS_MIN_ROW_RATIO * spec.ocg))

@@ -637,6 +637,34 @@ def inplace_weight_rows(a, b, y, buf, geo, row_a, row_b, g, r0, r1, addr, taddr,
 
 
 @njit(**JIT)
+def framed_weight_rows(dy, x, dw, geo, g, r0, r1, addr, rt, lanes, ob_max):
+    """Rows ``r0 .. r1`` (output channels of group ``g``) of a framed 1-D weight gradient
+    (``blocked.framed_weights``): ``dw[g*og + o, c, t] = sum_n sum_p dy[n, g*og + o, p] *
+    x[n, g*cg + c, p*s + t]``. The input row read as the overlapping (P, KW) matrix
+    ``X[p, t] = x[p*s + t]`` (row step ``s``) is the vector operand, ``diff_dst``'s rows the
+    broadcast one, both in place; each tile sums the P positions of an image in registers
+    onto its rows of ``dw`` (zero before image 0), one chain of FMAs per element."""
+    N, G, cg, og, P, L, s, KW = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
+    offs = np.zeros(1, np.int64)
+    da = dy.ctypes.data
+    xa = x.ctypes.data
+    wa = dw.ctypes.data
+    width = lanes * ob_max
+    for n in range(N):
+        acc = 1 if n > 0 else 0
+        for c in range(cg):
+            xrow = xa + 4 * ((n * G + g) * cg + c) * L
+            for r in range(r0, r1, rt):
+                R = min(rt, r1 - r)
+                for j in range(0, KW, width):
+                    w = min(width, KW - j)
+                    OB = (w + lanes - 1) // lanes
+                    _ukernel(addr, R, OB, da + 4 * ((n * G + g) * og + r) * P, xrow + 4 * j,
+                             wa + 4 * (((g * og + r) * cg + c) * KW + j), offs.ctypes.data, offs.ctypes.data, 1, P,
+                             P, 1, s, cg * KW, acc, w - (OB - 1) * lanes)
+
+
+@njit(**JIT)
 def transpose_planes(src, dst, g, i0, i1, taddr, lanes):
     """``dst[g, j, i] = src[g, i, j]`` for rows ``i0 .. i1`` of plane ``g``."""
     rows, cols = src.shape[1], src.shape[2]
