@@ -306,6 +306,41 @@ def test_framed_weight_gradient_in_place():
     assert not blocked.framed_weights(unframed) and not dispatch.blocked_pays(unframed, "bwd_weights", 512, "znver4")
 
 
+@pytest.mark.skipif(not blocked.available() or blocked._lanes()[0] != 16, reason="512-bit micro-kernels only")
+def test_framed_data_gradient_in_place(monkeypatch):
+    """Framed 1-D data gradients (the ISTFT itself): frames with every tap real in tiles,
+    the m - 1 at each end one by one (fewer outputs than taps: no tile at all), cells past
+    the last frame zero, strides not a multiple of the vectors, groups, several images and
+    channels, the output channels in several steps. Against the reference and the framed
+    GEMM products, the same bits on 1 and 2 threads; the inputs are not modified."""
+    monkeypatch.setattr(blocked, "FRAME_DATA_CHANNELS", 16)
+    rng = np.random.default_rng(41)
+    for spec in (_spec(1, 1, 70, 1, (3000,), (512,), (128,), (1,), (0,), (0,)),
+                 _spec(3, 4, 26, 2, (1500,), (192,), (64,), (1,), (0,), (0,)),
+                 _spec(2, 3, 13, 1, (1000,), (64,), (64,), (1,), (0,), (0,)),
+                 _spec(1, 2, 40, 1, (700,), (192,), (96,), (1,), (0,), (0,)),
+                 _spec(2, 1, 9, 1, (600,), (512,), (64,), (1,), (0,), (0,))):             # 2 outputs, 8 taps
+        assert blocked.framed_data(spec) and blocked.eligible(spec, "bwd_data"), str(spec)
+        assert dispatch.blocked_pays(spec, "bwd_data", 512, "znver4") and not dispatch.blocked_pays(
+            spec, "fwd", 512, "znver4"), str(spec)
+        _, w, dy = _inputs(spec, rng, np.float32)
+        kept = (w.copy(), dy.copy())
+        got = cg.conv_backward_data(dy, w, spec.src, **_kw(spec), algorithm="blocked")
+        want = ref.conv_backward_data(spec, dy.astype(np.float64), w.astype(np.float64))
+        assert got.shape == spec.src_shape and rel_err(got, want) <= 1e-6, str(spec)
+        frames = spec.dst[0] + spec.kernel[0] // spec.strides[0] - 1
+        assert not got[..., frames * spec.strides[0]:].any()
+        TALLY.record(("bwd_data", "float32", "1-D", "framed"), rel_err(got, want))
+        taps = cg.conv_backward_data(dy, w, spec.src, **_kw(spec), algorithm="taps")
+        assert rel_err(taps, want) <= 1e-6 and np.array_equal(kept[0], w) and np.array_equal(kept[1], dy)
+        cg.set_num_threads(1)
+        try:
+            one = cg.conv_backward_data(dy, w, spec.src, **_kw(spec), algorithm="blocked")
+        finally:
+            cg.set_num_threads(None)
+        assert np.array_equal(one, got), str(spec)
+
+
 def test_weight_gradient_schedule_is_pure_and_sized():
     """The streamed schedule for small weights over many rows (first layers), with long
     rows cut into segments that fit the chunk; whole copies for large weights and for

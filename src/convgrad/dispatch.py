@@ -445,7 +445,7 @@ def _host_rule(spec: ConvSpec, direction: str, vector_bits: int, cpu: str) -> bo
 def _blocked_pays(spec: ConvSpec, direction: str) -> bool:
     # the host check last: it compiles the micro-kernels (~1-2 s) on its first call
     if not (_blocked_rule(spec, direction) or _blocked_rule_256(spec, direction) or _zen_pointwise_data(spec, direction)
-            or _zen4_inplace_weights(spec, direction) or (direction == "bwd_weights" and framed_spec(spec))):
+            or _zen4_inplace_weights(spec, direction) or (direction != "fwd" and framed_spec(spec))):
         return False
     bits = blocked.vector_bits()
     return _host_rule(spec, direction, bits, blocked.host_cpu()) if bits in (256, 512) else False
@@ -584,7 +584,8 @@ def _blocked_rule_zen(spec: ConvSpec, direction: str) -> bool:
 #  0.96, 256 -> 256 at 14^2, 26 MFLOP, 0.77). Framed 1-D weight gradients (an ISTFT's;
 #  ``blocked.framed_weights``) run there too, at any size: in one process, blocked / taps,
 #  the ISTFT (1 -> 1026 channels, k 1024, s 256) 0.83, k 512 s 128 0.81-0.84, k 256 s 64
-#  4 x 32000 samples 0.71, 16 -> 64 channels 0.27, 1 MFLOP ones 0.12-0.25.
+#  4 x 32000 samples 0.71, 16 -> 64 channels 0.27, 1 MFLOP ones 0.12-0.25; and their data
+#  gradients (the ISTFT itself; ``blocked.framed_data``): 0.88, 0.81, 0.75, 0.27, 0.14-0.31.
 ZEN4_POINTWISE_DATA_MAX_ROW_RATIO = 2
 ZEN4_NCX_WEIGHTS_MIN_ROW_RATIO = 2
 ZEN4_INPLACE_WEIGHTS_MIN_FLOPS = PARALLEL_FLOPS
@@ -605,7 +606,7 @@ def _zen4_inplace_weights(spec: ConvSpec, direction: str) -> bool:
 def _blocked_rule_zen4(spec: ConvSpec, direction: str) -> bool:
     if direction == "bwd_weights" and unpadded_1x1(spec) and spec.groups == 1:
         return _zen4_inplace_weights(spec, direction)
-    if direction == "bwd_weights" and framed_spec(spec):
+    if direction != "fwd" and framed_spec(spec):
         return True
     if direction == "bwd_weights" and pointwise_spec(spec):     # (a 1x1 kernel, stride 1)
         return _blocked_rule(spec, direction) and (blocked.pointwise_weights(spec) or (
@@ -762,7 +763,7 @@ def check_blocked(op: str, spec: ConvSpec, direction: str, dtype: np.dtype) -> N
     if not blocked.eligible(spec, direction):
         raise ConvValueError(
             f"{op}: algorithm 'blocked' expects 1 to 3 spatial axes and, for bwd_data, stride 1 with pads at most "
-            f"(K - 1) * dilation, but got {spec.nsp} spatial axes, strides {list(spec.strides)}, pads_begin "
+            f"(K - 1) * dilation (or a 1x1 kernel, or on AVX-512 a 1-D kernel of whole strides), but got {spec.nsp} spatial axes, strides {list(spec.strides)}, pads_begin "
             f"{list(spec.pads_begin)}, pads_end {list(spec.pads_end)} for {direction}")
     if np.dtype(dtype) == np.float64:
         raise ConvValueError(f"{op}: algorithm 'blocked' computes in float32 and expects float32, float16 or "

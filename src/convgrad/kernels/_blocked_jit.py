@@ -665,6 +665,55 @@ def framed_weight_rows(dy, x, dw, geo, g, r0, r1, addr, rt, lanes, ob_max):
 
 
 @njit(**JIT)
+def framed_data_columns(dy, w, dx, geo, items, i0, i1, addr, rt, lanes, kc):
+    """Items ``i0 .. i1`` of a framed 1-D data gradient (``blocked.framed_data``), each
+    (image, group, channel, first cell, last cell + 1) of a frame's cells: ``dx[n, c, f*s +
+    r] = sum_j sum_o dy[n, o, f - j] * w[o, c, j*s + r]`` over the taps ``j`` with ``0 <= f -
+    j < P``. Tiles of ``R`` frames (rows ``s`` apart in ``dx``) x the item's cells sum the
+    taps (``aoff[j] = -j`` frames of ``diff_dst``, ``boff[j] = j*s`` cells of the weights)
+    and ``kc`` output channels at a time (``diff_dst`` broadcast ``P`` apart, the weights'
+    rows ``cg*KW`` apart), in order; the ``m - 1`` frames at each end, where fewer taps are
+    real, one by one."""
+    N, G, cg, og, P, L, s, KW = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7]
+    m = KW // s
+    Q = P + m - 1
+    aoff = np.empty(m, np.int64)
+    boff = np.empty(m, np.int64)
+    for j in range(m):
+        aoff[j] = -j
+        boff[j] = j * s
+    da = dy.ctypes.data
+    wa = w.ctypes.data
+    xa = dx.ctypes.data
+    for i in range(i0, i1):
+        n, g, c, r0, r1 = items[i, 0], items[i, 1], items[i, 2], items[i, 3], items[i, 4]
+        wd = r1 - r0
+        OB = (wd + lanes - 1) // lanes
+        tail = wd - (OB - 1) * lanes
+        arow = da + 4 * ((n * G + g) * og) * P
+        brow = wa + 4 * ((g * og * cg + c) * KW + r0)
+        yrow = xa + 4 * (((n * G + g) * cg + c) * L + r0)
+        for k0 in range(0, og, kc):
+            K = min(kc, og - k0)
+            acc = 1 if k0 > 0 else 0
+            ak = arow + 4 * k0 * P
+            bk = brow + 4 * k0 * cg * KW
+            f = m - 1                                   # frames where every tap is real
+            while f < P:
+                R = min(rt, P - f)
+                _ukernel(addr, R, OB, ak + 4 * f, bk, yrow + 4 * f * s, aoff.ctypes.data, boff.ctypes.data, m, K, 1, P,
+                         cg * KW, s, acc, tail)
+                f += R
+            for f in range(Q):                          # the ends: taps j_lo .. j_hi
+                if m - 1 <= f < P:
+                    continue
+                j_lo = max(0, f - P + 1)
+                j_hi = min(m - 1, f)
+                _ukernel(addr, 1, OB, ak + 4 * f, bk, yrow + 4 * f * s, aoff.ctypes.data + 8 * j_lo,
+                         boff.ctypes.data + 8 * j_lo, j_hi - j_lo + 1, K, 1, P, cg * KW, s, acc, tail)
+
+
+@njit(**JIT)
 def transpose_planes(src, dst, g, i0, i1, taddr, lanes):
     """``dst[g, j, i] = src[g, i, j]`` for rows ``i0 .. i1`` of plane ``g``."""
     rows, cols = src.shape[1], src.shape[2]
