@@ -85,6 +85,31 @@ def _same_bits_on_one_and_two_threads(spec):
         assert np.array_equal(one[name], two[name]), name
 
 
+def _one_direction(spec, direction, rng, tag, tol=1e-6):
+    """``direction`` on ``blocked`` against the reference and ``taps``, the inputs not
+    modified, the same bits on one thread; returns the result and a call by algorithm."""
+    x, w, dy = _inputs(spec, rng, np.float32)
+    kept = [a.copy() for a in (x, w, dy)]
+    calls = {"bwd_weights": lambda alg: cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm=alg),
+             "bwd_data": lambda alg: cg.conv_backward_data(dy, w, spec.src, **_kw(spec), algorithm=alg)}
+    call = calls[direction]
+    got = call("blocked")
+    x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+    want = (ref.conv_backward_weights(spec, x64, dy64) if direction == "bwd_weights"
+            else ref.conv_backward_data(spec, dy64, w64))
+    assert got.shape == want.shape and rel_err(got, want) <= tol, str(spec)
+    TALLY.record((direction, "float32", f"{spec.nsp}-D", tag), rel_err(got, want))
+    assert rel_err(call("taps"), want) <= tol, str(spec)
+    assert all(np.array_equal(a, b) for a, b in zip(kept, (x, w, dy)))
+    cg.set_num_threads(1)
+    try:
+        one = call("blocked")
+    finally:
+        cg.set_num_threads(None)
+    assert np.array_equal(one, got), str(spec)
+    return got, call
+
+
 def _random_spec(rng, nsp, wide=False):
     while True:
         src = tuple(int(v) for v in rng.integers(1, 12, nsp))
@@ -239,37 +264,16 @@ def test_one_product_weight_gradient(monkeypatch):
              (_spec(2, 3, 5, 1, (1, 1), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0)), "diff_dst")]
     for spec, side in specs:
         assert blocked.inplace_weights(spec) == side, str(spec)
-        x, _, dy = _inputs(spec, rng, np.float32)
-        kept = (x.copy(), dy.copy())
-        got = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="blocked")
-        want = ref.conv_backward_weights(spec, x.astype(np.float64), dy.astype(np.float64))
-        assert got.shape == spec.weights_shape and rel_err(got, want) <= 1e-6, str(spec)
-        TALLY.record(("bwd_weights", "float32", f"{spec.nsp}-D", "one product"), rel_err(got, want))
-        assert np.array_equal(kept[0], x) and np.array_equal(kept[1], dy)
-        for name, value in (("INPLACE_BLOCK_BYTES", 4 * 7 * max(spec.icg, spec.ocg)), ("INPLACE_WEIGHTS", False)):
-            with monkeypatch.context() as m:
-                m.setattr(blocked, name, value)
-                other = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="blocked")
-            if name == "INPLACE_WEIGHTS":         # the paths it replaced
-                assert rel_err(other, want) <= 1e-6, str(spec)
-            else:                                 # blocks of a few positions or rows: the same bits
-                assert np.array_equal(other, got), str(spec)
-        cg.set_num_threads(1)
-        try:
-            one = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="blocked")
-        finally:
-            cg.set_num_threads(None)
-        assert np.array_equal(one, got), str(spec)
+        got, call = _one_direction(spec, "bwd_weights", rng, "one product")
+        with monkeypatch.context() as m:          # blocks of a few positions or rows: the same bits
+            m.setattr(blocked, "INPLACE_BLOCK_BYTES", 4 * 7 * max(spec.icg, spec.ocg))
+            assert np.array_equal(call("blocked"), got), str(spec)
+        with monkeypatch.context() as m:          # the paths it replaced
+            m.setattr(blocked, "INPLACE_WEIGHTS", False)
+            assert rel_err(call("blocked"), got) <= 2e-6, str(spec)
     big = _spec(5, 70, 150, 1, (40, 40), (1, 1), (1, 1), (1, 1), (0, 0), (0, 0))        # two threads, blocks
     assert blocked._inplace_geometry(big, 16)[2] < 1600 and blocked._workers(big) == cg.get_num_threads()
-    x, _, dy = _inputs(big, rng, np.float32)
-    got = cg.conv_backward_weights(x, dy, big.kernel, **_kw(big), algorithm="blocked")
-    assert rel_err(got, ref.conv_backward_weights(big, x.astype(np.float64), dy.astype(np.float64))) <= 2e-6
-    cg.set_num_threads(1)
-    try:
-        assert np.array_equal(cg.conv_backward_weights(x, dy, big.kernel, **_kw(big), algorithm="blocked"), got)
-    finally:
-        cg.set_num_threads(None)
+    _one_direction(big, "bwd_weights", rng, "one product", tol=2e-6)
     padded = _spec(2, 8, 8, 1, (9, 9), (1, 1), (1, 1), (1, 1), (1, 0), (0, 0))
     assert blocked.inplace_weights(padded) is None
     assert blocked.inplace_weights(_spec(2, 8, 8, 1, (9, 9), (3, 1), (1, 1), (1, 1), (0, 0), (0, 0))) is None
@@ -288,20 +292,7 @@ def test_framed_weight_gradient_in_place():
                  _spec(2, 3, 13, 1, (1000,), (64,), (64,), (1,), (0,), (0,)),
                  _spec(1, 2, 200, 1, (20000,), (1024,), (256,), (1,), (0,), (0,))):
         assert blocked.framed_weights(spec) and dispatch.blocked_pays(spec, "bwd_weights", 512, "znver4"), str(spec)
-        x, _, dy = _inputs(spec, rng, np.float32)
-        kept = (x.copy(), dy.copy())
-        got = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="blocked")
-        want = ref.conv_backward_weights(spec, x.astype(np.float64), dy.astype(np.float64))
-        assert got.shape == spec.weights_shape and rel_err(got, want) <= 1e-6, str(spec)
-        TALLY.record(("bwd_weights", "float32", "1-D", "framed"), rel_err(got, want))
-        taps = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="taps")
-        assert rel_err(taps, want) <= 1e-6 and np.array_equal(kept[0], x) and np.array_equal(kept[1], dy)
-        cg.set_num_threads(1)
-        try:
-            one = cg.conv_backward_weights(x, dy, spec.kernel, **_kw(spec), algorithm="blocked")
-        finally:
-            cg.set_num_threads(None)
-        assert np.array_equal(one, got), str(spec)
+        _one_direction(spec, "bwd_weights", rng, "framed")
     unframed = _spec(1, 1, 8, 1, (3000,), (500,), (128,), (1,), (0,), (0,))
     assert not blocked.framed_weights(unframed) and not dispatch.blocked_pays(unframed, "bwd_weights", 512, "znver4")
 
@@ -323,22 +314,9 @@ def test_framed_data_gradient_in_place(monkeypatch):
         assert blocked.framed_data(spec) and blocked.eligible(spec, "bwd_data"), str(spec)
         assert dispatch.blocked_pays(spec, "bwd_data", 512, "znver4") and not dispatch.blocked_pays(
             spec, "fwd", 512, "znver4"), str(spec)
-        _, w, dy = _inputs(spec, rng, np.float32)
-        kept = (w.copy(), dy.copy())
-        got = cg.conv_backward_data(dy, w, spec.src, **_kw(spec), algorithm="blocked")
-        want = ref.conv_backward_data(spec, dy.astype(np.float64), w.astype(np.float64))
-        assert got.shape == spec.src_shape and rel_err(got, want) <= 1e-6, str(spec)
+        got, _ = _one_direction(spec, "bwd_data", rng, "framed")
         frames = spec.dst[0] + spec.kernel[0] // spec.strides[0] - 1
         assert not got[..., frames * spec.strides[0]:].any()
-        TALLY.record(("bwd_data", "float32", "1-D", "framed"), rel_err(got, want))
-        taps = cg.conv_backward_data(dy, w, spec.src, **_kw(spec), algorithm="taps")
-        assert rel_err(taps, want) <= 1e-6 and np.array_equal(kept[0], w) and np.array_equal(kept[1], dy)
-        cg.set_num_threads(1)
-        try:
-            one = cg.conv_backward_data(dy, w, spec.src, **_kw(spec), algorithm="blocked")
-        finally:
-            cg.set_num_threads(None)
-        assert np.array_equal(one, got), str(spec)
 
 
 def test_weight_gradient_schedule_is_pure_and_sized():
