@@ -722,17 +722,18 @@ def compressed_spec(spec: ConvSpec) -> ConvSpec | None:
 # sum as per-image products on two threads (each half of the positions: 72-80 GFLOP/s per
 # thread on this VM's Zen 4, where one product alone reaches 92), the streamed path as
 # tiles over channels-last chunks of both arrays. Measured on the AMD EPYC Zen 4 (family
-# 25 model 17, 2 threads, in-process medians of 15 calls, ms, new / the automatic choice
-# before): resnet_50 res4b_branch2a (1024 -> 256, 14^2, mb9) 4.84 / 5.97, res4a_branch2a
-# (512 -> 256, stride 2, mb19) 5.74 / 6.83, res3a_branch2a 6.87 / 8.16, res3b_branch2a
-# 4.64 / 5.13, res5b_branch2a (2048 -> 512, 7^2) 4.94 / 5.31, res2a_branch1 (64 -> 256,
-# 56^2; diff_dst in place) 4.82 / 6.66, res3a_branch2c 4.64 / 5.80, res4a_branch2c 4.45 /
-# 5.24, res5a_branch2c 5.11 / 5.33; mobilenet conv2 - conv10 0.77-0.96 of before; wavenet
-# conv1d_1x1_2 (512 -> 256, 812 positions, one image) 1.12 / 1.39. The other orientation
-# lost (res2b_branch2a, 256 -> 64, with diff_dst in place 1.26 of before, the input in
-# place 0.96), as did the input in place with fewer input than output channels on 7^2
-# outputs (res5a_branch1, stride 2, 1024 -> 2048: 1.08), which the automatic choice leaves
-# to the GEMMs.
+# 25 model 17, 2 threads, in one process, the two alternating call by call, medians of 15
+# calls, ms, new / the automatic choice before): resnet_50 res4b_branch2a (1024 -> 256,
+# 14^2, mb9) 5.16 / 6.05, res4a_branch2a (512 -> 256, stride 2, mb19) 5.94 / 7.73,
+# res3a_branch2a 6.18 / 6.68, res3b_branch2a 4.90 / 5.49, res5b_branch2a (2048 -> 512,
+# 7^2) 5.23 / 5.42, res2a_branch1 (64 -> 256, 56^2; diff_dst in place) 5.14 / 6.50,
+# res3a_branch2c 4.78 / 5.82, res4a_branch2c 4.76 / 5.32, res5a_branch2c 4.78 / 5.17;
+# mobilenet conv2 - conv10 0.82-0.93 of before; wavenet conv1d_1x1_2 (512 -> 256, 812
+# positions, one image) 1.20 / 1.35. The other orientation lost (prototype:
+# res2b_branch2a, 256 -> 64, with diff_dst in place 1.26 of before, the input in place
+# 0.96), as did the input in place with more output than input channels on small strided
+# outputs (res4a_branch1, 512 -> 1024 onto 14^2, 1.04; res5a_branch1 onto 7^2 1.20),
+# which the automatic choice leaves to the GEMMs.
 INPLACE_BLOCK_BYTES = 256 * 1024
 # False: the 1x1 weight gradients take the paths below again (the dot kernel, the streamed
 # channels-last chunks), as on AVX2 hosts; the tests run both.
