@@ -591,6 +591,21 @@ def pointwise_weight_tiles(dy, x, dw, geo, i0, i1, addr, r_max, j_max):
                            wa + 4 * ((g * og + o0) * cg + c0), npos, HW, HW, cg)
 
 
+@njit(inline="always", **JIT)
+def _row_tiles(addr, ap, a_rs, a_ks, bp, b_ks, yp, y_rs, r0, r1, nb, aoff, boff, ntaps, K, acc, rt, lanes, ob_max):
+    """Rows ``r0 .. r1`` x ``nb`` columns of ``y`` (row ``r`` at ``yp + r*y_rs``) in tiles of
+    ``rt`` rows x ``ob_max`` vectors: each sums ``ntaps`` x ``K`` terms of the broadcast
+    operand's rows (``ap + r*a_rs``) times the vectors at ``bp`` (column ``j`` at ``bp + j``)."""
+    width = lanes * ob_max
+    for r in range(r0, r1, rt):
+        R = min(rt, r1 - r)
+        for j in range(0, nb, width):
+            w = min(width, nb - j)
+            OB = (w + lanes - 1) // lanes
+            _ukernel(addr, R, OB, ap + 4 * r * a_rs, bp + 4 * j, yp + 4 * (r * y_rs + j), aoff, boff, ntaps, K, a_rs,
+                     a_ks, b_ks, y_rs, acc, w - (OB - 1) * lanes)
+
+
 @njit(**JIT)
 def inplace_weight_rows(a, b, y, buf, geo, row_a, row_b, g, r0, r1, addr, taddr, rt, lanes, ob_max):
     """Rows ``r0 .. r1`` of group ``g`` of a 1x1 weight gradient as one product over every
@@ -609,7 +624,6 @@ def inplace_weight_rows(a, b, y, buf, geo, row_a, row_b, g, r0, r1, addr, taddr,
     ba = b.ctypes.data
     ya = y.ctypes.data
     bb = buf.ctypes.data
-    width = lanes * ob_max
     for n in range(N):
         src = ba + 4 * ((n * G + g) * nb * P)
         arow = aa + 4 * ((n * G + g) * ra * a_plane)
@@ -626,14 +640,8 @@ def inplace_weight_rows(a, b, y, buf, geo, row_a, row_b, g, r0, r1, addr, taddr,
             else:                             # whole output rows p0 / wout .. p1 / wout
                 ntaps, K, ap = (p1 - p0) // wout, wout, arow
                 aoff, boff = row_a.ctypes.data + 8 * (p0 // wout), row_b.ctypes.data
-            acc = 1 if n > 0 or p0 > 0 else 0
-            for r in range(r0, r1, rt):
-                R = min(rt, r1 - r)
-                for j in range(0, nb, width):
-                    w = min(width, nb - j)
-                    OB = (w + lanes - 1) // lanes
-                    _ukernel(addr, R, OB, ap + 4 * r * a_plane, bb + 4 * j, ya + 4 * ((g * ra + r) * nb + j), aoff,
-                             boff, ntaps, K, a_plane, a_ks, nb, nb, acc, w - (OB - 1) * lanes)
+            _row_tiles(addr, ap, a_plane, a_ks, bb, nb, ya + 4 * g * ra * nb, nb, r0, r1, nb, aoff, boff, ntaps, K,
+                       1 if n > 0 or p0 > 0 else 0, rt, lanes, ob_max)
 
 
 @njit(**JIT)
@@ -649,19 +657,11 @@ def framed_weight_rows(dy, x, dw, geo, g, r0, r1, addr, rt, lanes, ob_max):
     da = dy.ctypes.data
     xa = x.ctypes.data
     wa = dw.ctypes.data
-    width = lanes * ob_max
     for n in range(N):
-        acc = 1 if n > 0 else 0
         for c in range(cg):
-            xrow = xa + 4 * ((n * G + g) * cg + c) * L
-            for r in range(r0, r1, rt):
-                R = min(rt, r1 - r)
-                for j in range(0, KW, width):
-                    w = min(width, KW - j)
-                    OB = (w + lanes - 1) // lanes
-                    _ukernel(addr, R, OB, da + 4 * ((n * G + g) * og + r) * P, xrow + 4 * j,
-                             wa + 4 * (((g * og + r) * cg + c) * KW + j), offs.ctypes.data, offs.ctypes.data, 1, P,
-                             P, 1, s, cg * KW, acc, w - (OB - 1) * lanes)
+            _row_tiles(addr, da + 4 * (n * G + g) * og * P, P, 1, xa + 4 * ((n * G + g) * cg + c) * L, s,
+                       wa + 4 * (g * og * cg + c) * KW, cg * KW, r0, r1, KW, offs.ctypes.data, offs.ctypes.data, 1, P,
+                       1 if n > 0 else 0, rt, lanes, ob_max)
 
 
 @njit(**JIT)

@@ -333,6 +333,13 @@ def _workers(spec: ConvSpec) -> int:
     return 1 if macs < PARALLEL_MACS else max(1, threads.get_num_threads())
 
 
+def _tile_cuts(count: int, parts: int, rt: int) -> list[tuple[int, int]]:
+    """``count`` rows in up to ``parts`` ranges of whole ``rt``-row tiles but the last (pure)."""
+    parts = max(1, min(parts, -(-count // rt)))
+    b = [min(count, round(count * i / parts / rt) * rt) for i in range(parts)] + [count]
+    return [(b[i], b[i + 1]) for i in range(parts) if b[i + 1] > b[i]]
+
+
 def _cuts(count: int, parts: int) -> list[tuple[int, int]]:
     parts = max(1, min(parts, count))
     b = [count * i // parts for i in range(parts + 1)]
@@ -791,7 +798,8 @@ def _inplace_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, work
     x, dy = _f32(src), _f32(diff_dst)
     g = spec.groups
     ra, nb, block, plane, wout, flat = _inplace_geometry(spec, lanes)
-    a, b = (dy, x) if inplace_weights(spec) == "diff_dst" else (x, dy)
+    dy_in_place = inplace_weights(spec) == "diff_dst"
+    a, b = (dy, x) if dy_in_place else (x, dy)
     if flat:
         row_a = np.zeros(1, dtype=np.int64)
         row_b = np.zeros(1, dtype=np.int64)
@@ -804,9 +812,7 @@ def _inplace_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, work
     geo = np.array((spec.mb, g, ra, nb, plane, math.prod(spec.dst), wout, spec.strides[-1], block, flat),
                    dtype=np.int64)
     workers = _workers(spec)
-    parts = max(1, min(workers, -(-ra // rt)))
-    cuts = [min(ra, round(ra * i / parts / rt) * rt) for i in range(parts)] + [ra]
-    items = [(gi, r0, r1) for gi in range(g) for r0, r1 in zip(cuts, cuts[1:]) if r1 > r0]
+    items = [(gi, r0, r1) for gi in range(g) for r0, r1 in _tile_cuts(ra, workers, rt)]
     y = np.empty((g, ra, nb), dtype=np.float32)
 
     def work(item) -> None:
@@ -815,7 +821,7 @@ def _inplace_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, work
                                 c.address, c.transpose_address, rt, lanes, c.ob_max)
 
     run_each(work, items, workers)
-    if a is dy:                                   # (G, O, C): the weights' own layout
+    if dy_in_place:                               # (G, O, C): the weights' own layout
         return y.reshape(spec.weights_shape)
     dw = np.empty((g, nb, ra), dtype=np.float32)  # (G, C, O) -> (G, O, C)
     run_each(lambda it: jit.transpose_planes(y, dw, it[0], it[1], it[2], c.transpose_address, lanes),
@@ -849,9 +855,7 @@ def _framed_weights(spec: ConvSpec, src: np.ndarray, diff_dst: np.ndarray, works
     geo = np.array((spec.mb, g, spec.icg, og, spec.dst[0], spec.src[0], spec.strides[0], spec.kernel[0]),
                    dtype=np.int64)
     workers = _workers(spec)
-    parts = max(1, min(workers, -(-og // c.r_max)))
-    cuts = [min(og, round(og * i / parts / c.r_max) * c.r_max) for i in range(parts)] + [og]
-    items = [(gi, r0, r1) for gi in range(g) for r0, r1 in zip(cuts, cuts[1:]) if r1 > r0]
+    items = [(gi, r0, r1) for gi in range(g) for r0, r1 in _tile_cuts(og, workers, c.r_max)]
     dw = np.empty(spec.weights_shape, dtype=np.float32)
     run_each(lambda it: jit.framed_weight_rows(dy, x, dw, geo, it[0], it[1], it[2], c.address, c.r_max, c.lanes,
                                                c.ob_max), items, workers)
